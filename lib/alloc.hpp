@@ -1,0 +1,52 @@
+// The allocation entry points every front end (the tray_* API, the malloc and operator new
+// overrides) is built from: the fast paths inline here, everything else out of line.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/bits.hpp"
+#include "core/config.hpp"
+#include "heap.hpp"
+#include "segment.hpp"
+
+namespace tray {
+
+// What to do with pointers traymalloc does not own. The override layer points these at the
+// C library's own functions, so memory that libc handed out (a program mixing allocators,
+// an RTLD_DEEPBIND library) goes back to libc; otherwise such frees are counted and dropped.
+struct ForeignHandlers {
+  void (*free)(void*);
+  void* (*realloc)(void*, size_t);
+  size_t (*usable_size)(void*);
+};
+void set_foreign_handlers(const ForeignHandlers& handlers) noexcept;
+
+// Out of line: large and aligned requests, errors (errno = ENOMEM), null and foreign frees.
+// All noexcept: the override layer is built with exceptions, and a call from a noexcept
+// function to one that might throw could not be a tail call.
+void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept;
+void free_slow(void* p) noexcept;
+
+void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept;
+void* alloc_zeroed(size_t count, size_t size) noexcept;
+void* reallocate(void* p, size_t size) noexcept;
+size_t usable_size(const void* p) noexcept;
+bool trim_all() noexcept;
+
+// Sizes past the one-load class table take a call: they cost more to use than the call.
+TRAY_INLINE void* alloc(size_t size) noexcept {
+  if (TRAY_LIKELY(size <= kLookupLimitBytes)) return heap_alloc_class(size_class_lookup(size));
+  return alloc_slow(size, 0, false);
+}
+
+TRAY_INLINE void dealloc(void* p) noexcept {
+  const uintptr_t chunk = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
+  if (TRAY_LIKELY(chunk < kChunkCount && g_chunk_map[chunk] == kChunkSegment)) {
+    heap_free_small(page_of(reinterpret_cast<Segment*>(chunk << kSegmentShift), p), p);
+    return;
+  }
+  free_slow(p);
+}
+
+}  // namespace tray

@@ -1,0 +1,219 @@
+// The core's entry points (alloc.hpp) and the prefixed C API (traymalloc.h).
+#include <errno.h>
+
+#include <cstring>
+
+#include "alloc.hpp"
+#include "large.hpp"
+#include "size_classes.hpp"
+#include "stats.hpp"
+#include "traymalloc.h"
+
+namespace tray {
+
+namespace {
+
+constinit ForeignHandlers g_foreign{};
+
+// Every block from 16 bytes up is 16-byte aligned; the 8-byte class only 8.
+constexpr size_t kNaturalAlignment = 16;
+
+void* out_of_memory() {
+  errno = ENOMEM;
+  return nullptr;
+}
+
+void free_foreign(void* p) {
+  count_add(g_totals.foreign_frees, 1);
+  if (g_foreign.free != nullptr) g_foreign.free(p);
+}
+
+}  // namespace
+
+void set_foreign_handlers(const ForeignHandlers& handlers) noexcept { g_foreign = handlers; }
+
+void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
+  if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) return heap_alloc_small(size);
+  void* p = large_alloc(size, alignment > kNaturalAlignment ? alignment : kNaturalAlignment, zero);
+  return p != nullptr ? p : out_of_memory();
+}
+
+void free_slow(void* p) noexcept {
+  if (p == nullptr) return;
+  const uint8_t kind = chunk_kind(p);
+  if (kind != kChunkForeign) {
+    LargeHeader* header = large_mapping_of(p, kind);
+    if (header != nullptr || kind == kChunkLargeFar) {
+      if (header != nullptr && header->user == p) large_free(header);
+      else count_add(g_totals.foreign_frees, 1);  // inside our memory, not a block: dropped
+      return;
+    }
+  }
+  free_foreign(p);
+}
+
+void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {
+  if (alignment <= kNaturalAlignment) {
+    void* p = alloc(size < alignment ? alignment : size);
+    if (zero && p != nullptr) std::memset(p, 0, size);
+    return p;
+  }
+  // A class whose block size is a multiple of the alignment has every block aligned, since
+  // pages start on a unit boundary.
+  if (alignment <= kUnitBytes && size <= kMaxSmallBytes) {
+    for (unsigned c = size_class_of(size < alignment ? alignment : size); c < kSizeClassCount; ++c) {
+      if (class_size(c) % alignment != 0) continue;
+      void* p = heap_alloc_class(c);
+      if (zero && p != nullptr) std::memset(p, 0, size);
+      return p;
+    }
+  }
+  return alloc_slow(size, alignment, zero);
+}
+
+void* alloc_zeroed(size_t count, size_t size) noexcept {
+  size_t total;
+  if (__builtin_mul_overflow(count, size, &total)) return out_of_memory();
+  if (total > kMaxSmallBytes) return alloc_slow(total, 0, true);
+  void* p = heap_alloc_small(total);
+  if (p != nullptr) std::memset(p, 0, total);
+  return p;
+}
+
+void* reallocate(void* p, size_t size) noexcept {
+  if (p == nullptr) return alloc(size);
+  if (size == 0) {  // glibc's answer: free, and return NULL
+    dealloc(p);
+    return nullptr;
+  }
+  const uint8_t kind = chunk_kind(p);
+  size_t old_usable;
+  LargeHeader* header = nullptr;
+  if (kind == kChunkSegment) {
+    old_usable = page_of(segment_of(p), p)->block_bytes;
+    if (old_usable == 0) return out_of_memory();  // not a block: leave it alone
+    if (size <= old_usable && size >= old_usable / 2) return p;
+  } else {
+    header = kind == kChunkForeign ? nullptr : large_mapping_of(p, kind);
+    if (header == nullptr && kind == kChunkForeign) {
+      if (g_foreign.realloc != nullptr) return g_foreign.realloc(p, size);
+      return out_of_memory();
+    }
+    if (header == nullptr || header->user != p) return out_of_memory();
+    old_usable = large_usable_size(header);
+    // Large stays large (resized in place or moved by the kernel) unless it shrinks into the
+    // small classes for good.
+    if (size > kMaxSmallBytes || size >= old_usable / 2) {
+      void* moved = large_resize(header, size);
+      return moved != nullptr ? moved : out_of_memory();
+    }
+  }
+  void* fresh = alloc(size);
+  if (fresh == nullptr) return nullptr;
+  std::memcpy(fresh, p, size < old_usable ? size : old_usable);
+  dealloc(p);
+  return fresh;
+}
+
+size_t usable_size(const void* p) noexcept {
+  const uint8_t kind = chunk_kind(p);
+  if (kind == kChunkSegment) return page_of(segment_of(p), p)->block_bytes;
+  if (p == nullptr) return 0;
+  if (kind == kChunkForeign) {
+    return g_foreign.usable_size != nullptr ? g_foreign.usable_size(const_cast<void*>(p)) : 0;
+  }
+  const LargeHeader* header = large_mapping_of(p, kind);
+  return header != nullptr && header->user == p ? large_usable_size(header) : 0;
+}
+
+bool trim_all() noexcept {
+  bool released = heap_trim();
+  released |= segment_trim();
+  released |= large_trim();
+  return released;
+}
+
+}  // namespace tray
+
+// --- the prefixed C API ------------------------------------------------------------------
+using namespace tray;
+
+namespace {
+bool alignment_is_valid(size_t alignment) {
+  return is_pow2(alignment) && alignment <= kMaxAlignmentBytes;
+}
+}  // namespace
+
+extern "C" {
+
+TRAY_EXPORT void* tray_malloc(size_t size) { return alloc(size); }
+TRAY_EXPORT void* tray_calloc(size_t count, size_t size) { return alloc_zeroed(count, size); }
+TRAY_EXPORT void* tray_realloc(void* ptr, size_t size) { return reallocate(ptr, size); }
+TRAY_EXPORT void tray_free(void* ptr) { dealloc(ptr); }
+TRAY_EXPORT void tray_free_sized(void* ptr, size_t) { dealloc(ptr); }
+TRAY_EXPORT void tray_free_aligned_sized(void* ptr, size_t, size_t) { dealloc(ptr); }
+
+TRAY_EXPORT void* tray_reallocarray(void* ptr, size_t count, size_t size) {
+  size_t total;
+  if (__builtin_mul_overflow(count, size, &total)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return reallocate(ptr, total);
+}
+
+TRAY_EXPORT void* tray_aligned_alloc(size_t alignment, size_t size) {
+  if (!alignment_is_valid(alignment)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return alloc_aligned(size, alignment, false);
+}
+
+TRAY_EXPORT int tray_posix_memalign(void** out, size_t alignment, size_t size) {
+  if (!alignment_is_valid(alignment) || alignment < sizeof(void*)) return EINVAL;
+  const int saved = errno;
+  void* p = alloc_aligned(size, alignment, false);
+  errno = saved;  // posix_memalign reports through its result, not errno
+  if (p == nullptr) return ENOMEM;
+  *out = p;
+  return 0;
+}
+
+TRAY_EXPORT void* tray_memalign(size_t alignment, size_t size) {
+  if (alignment > kMaxAlignmentBytes) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (!is_pow2(alignment)) alignment = alignment == 0 ? 1 : std::bit_ceil(alignment);
+  return alloc_aligned(size, alignment, false);
+}
+
+TRAY_EXPORT size_t tray_usable_size(const void* ptr) { return usable_size(ptr); }
+
+TRAY_EXPORT int tray_owns(const void* ptr) {
+  const uint8_t kind = chunk_kind(ptr);
+  if (kind == kChunkForeign) return 0;
+  return kind == kChunkSegment || kind == kChunkLargeFar || large_mapping_of(ptr, kind) != nullptr;
+}
+
+TRAY_EXPORT int tray_trim(void) { return trim_all() ? 1 : 0; }
+
+TRAY_EXPORT int tray_totals_get(tray_totals* out) {
+  if (out == nullptr || out->version < sizeof(tray_totals)) return -1;
+  auto get = [](const std::atomic<size_t>& v) { return v.load(std::memory_order_relaxed); };
+  out->version = sizeof(tray_totals);
+  out->bytes_mapped = get(g_totals.bytes_mapped);
+  out->bytes_in_pages = get(g_totals.bytes_in_pages);
+  out->bytes_large = get(g_totals.bytes_large);
+  out->bytes_purged = get(g_totals.bytes_purged);
+  out->segments_mapped = get(g_totals.segments_mapped);
+  out->pages_acquired = get(g_totals.pages_acquired);
+  out->large_allocations = get(g_totals.large_allocations);
+  out->heaps_created = get(g_totals.heaps_created);
+  out->heaps_abandoned = get(g_totals.heaps_abandoned);
+  out->foreign_frees = get(g_totals.foreign_frees);
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,60 @@
+// Every tunable of the allocator, in one place, with its unit in its name.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tray {
+
+// Address space comes from the OS in segments of this size, aligned to it, so that masking a
+// pointer finds its segment header. A chunk is the same size: the chunk map has one entry per
+// segment-sized, segment-aligned piece of the address space.
+inline constexpr unsigned kSegmentShift = 22;
+inline constexpr size_t kSegmentBytes = size_t{1} << kSegmentShift;  // 4 MiB
+
+// A segment is cut into units; a page (slab) of one size class is a run of whole units.
+inline constexpr unsigned kUnitShift = 16;
+inline constexpr size_t kUnitBytes = size_t{1} << kUnitShift;        // 64 KiB
+inline constexpr size_t kUnitsPerSegment = kSegmentBytes / kUnitBytes; // 64; unit 0 is the header
+
+// Classes up to this size are pooled; larger requests get a mapping of their own.
+inline constexpr size_t kMaxSmallBytes = size_t{128} << 10;          // 128 KiB
+
+// A fresh page hands out its blocks a few at a time so a page that is barely used stays
+// mostly untouched (not resident): each extension carves at most this many bytes of blocks.
+inline constexpr size_t kPageExtendBytes = 4096;
+
+// Largest user-visible address the chunk map covers (x86-64 and AArch64 with 48-bit VAs).
+inline constexpr unsigned kAddressBits = 47;
+
+// Empty spans stay committed ("dirty") this long before they are given back with madvise...
+inline constexpr uint64_t kPurgeDelayMs = 200;
+// ...unless more than this many dirty bytes have piled up, then the oldest go at once.
+inline constexpr size_t kDirtyLimitBytes = size_t{4} << 20;
+// Fully empty segments kept mapped (their units purged) to save a later mmap.
+inline constexpr size_t kSegmentCacheCount = 4;
+
+// Empty pages a heap keeps in its queues, so that a working set that swings by a page or two
+// does not hand pages to the pool and take them back on every swing.
+inline constexpr size_t kHeapRetainedBytes = size_t{1} << 20;
+
+// Freed large blocks kept mapped for reuse, in count and in total bytes.
+inline constexpr size_t kLargeCacheCount = 16;
+inline constexpr size_t kLargeCacheLimitBytes = size_t{32} << 20;
+// ...and for at most this long.
+inline constexpr uint64_t kLargeCacheDelayMs = 1000;
+// A cached large mapping serves a request only if it wastes at most 1/kLargeCacheFitRatio of it.
+inline constexpr size_t kLargeCacheFitRatio = 4;
+
+// Requests above this are refused with ENOMEM before any arithmetic can overflow.
+inline constexpr size_t kMaxRequestBytes = size_t{1} << 46;
+// Largest alignment accepted by the aligned entry points (mirrors TRAY_MAX_ALIGNMENT).
+inline constexpr size_t kMaxAlignmentBytes = size_t{1} << 29;
+
+// Metadata (thread heaps) is carved from mappings of this size.
+inline constexpr size_t kMetaChunkBytes = size_t{256} << 10;
+
+inline constexpr size_t kOsPageBytes = 4096;  // minimum; the real size is asked at run time
+inline constexpr size_t kCacheLineBytes = 64;
+
+}  // namespace tray

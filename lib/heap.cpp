@@ -1,0 +1,339 @@
+#include "heap.hpp"
+
+#include <errno.h>
+
+#include <new>
+
+#include "core/assert.hpp"
+#include "large.hpp"
+#include "page.hpp"
+#include "platform/os.hpp"
+#include "segment.hpp"
+#include "stats.hpp"
+
+namespace tray {
+
+namespace {
+
+// Shared by every empty queue; never written: it has no free block, so a fast-path
+// allocation that reaches it falls through to the slow path.
+constinit Page g_empty_page;
+
+}  // namespace
+
+constinit Heap g_empty_heap{&g_empty_page};
+__thread Heap* tls_heap = &g_empty_heap;
+
+namespace {
+
+os::Mutex g_heaps_lock;           // the parked list and metadata memory
+Heap* g_parked = nullptr;         // heaps without a thread
+char* g_meta_cursor = nullptr;    // metadata bump allocation
+char* g_meta_end = nullptr;
+std::atomic<uint64_t> g_last_collect_ms{0};
+
+pthread_key_t g_exit_key;
+std::atomic<bool> g_process_ready{false};
+
+// --- page queues -------------------------------------------------------------------------
+// The page a class allocates from carries one extra count in `used` for as long as it is the
+// queue's head, so freeing its last block never reaches zero and never leaves the fast path:
+// a thread that allocates and frees one block in a loop does not hand its page back and forth.
+void queue_changed(Heap* heap, unsigned c) {
+  Page* head = heap->queues[c].head != nullptr ? heap->queues[c].head : &g_empty_page;
+  Page* old = heap->direct[c];
+  if (old == head) return;
+  if (old != &g_empty_page) --old->used;
+  if (head != &g_empty_page) {
+    ++head->used;
+    if (head->retained) {  // back in use
+      head->retained = false;
+      heap->retained_bytes -= size_t(head->unit_count) * kUnitBytes;
+    }
+  }
+  heap->direct[c] = head;
+}
+
+
+// Blocks of the page that are live or in the heap's remote list.
+uint32_t live_blocks(const Heap* heap, const Page* page) {
+  if (page->floating) return page->reserved;
+  return page->used - (heap->direct[page->size_class] == page ? 1 : 0);
+}
+
+void queue_remove(Heap* heap, Page* page) {
+  const unsigned c = page->size_class;
+  PageQueue& q = heap->queues[c];
+  if (page->prev != nullptr) page->prev->next = page->next;
+  else q.head = page->next;
+  if (page->next != nullptr) page->next->prev = page->prev;
+  else q.tail = page->prev;
+  page->next = page->prev = nullptr;
+  queue_changed(heap, c);
+}
+
+void queue_push_front(Heap* heap, Page* page) {
+  const unsigned c = page->size_class;
+  PageQueue& q = heap->queues[c];
+  page->prev = nullptr;
+  page->next = q.head;
+  if (q.head != nullptr) q.head->prev = page;
+  else q.tail = page;
+  q.head = page;
+  queue_changed(heap, c);
+}
+
+void queue_push_back(Heap* heap, Page* page) {
+  const unsigned c = page->size_class;
+  PageQueue& q = heap->queues[c];
+  page->next = nullptr;
+  page->prev = q.tail;
+  if (q.tail != nullptr) q.tail->next = page;
+  else q.head = page;
+  q.tail = page;
+  queue_changed(heap, c);
+}
+
+void release_page(Heap* heap, Page* page) {
+  queue_remove(heap, page);
+  if (page->retained) {
+    page->retained = false;
+    heap->retained_bytes -= size_t(page->unit_count) * kUnitBytes;
+  }
+  page_release(page);
+}
+
+// --- remote frees ------------------------------------------------------------------------
+void drain_remote(Heap* heap) {
+  Block* block = heap->remote_free.exchange(nullptr, std::memory_order_acquire);
+  while (block != nullptr) {
+    Block* next = block->next;
+    page_free_local(heap, page_of(segment_of(block), block), block);
+    block = next;
+  }
+}
+
+// Returns every page that holds no live block. keep_direct keeps the page each class
+// allocates from, so a thread that frees its last block and allocates again does not hand a
+// page to the pool and take it back each time.
+bool release_empty_pages(Heap* heap, bool keep_direct) {
+  drain_remote(heap);
+  bool released = false;
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    for (Page* page = heap->queues[c].head; page != nullptr;) {
+      Page* next = page->next;
+      if (live_blocks(heap, page) == 0 && !(keep_direct && page == heap->direct[c])) {
+        release_page(heap, page);
+        released = true;
+      }
+      page = next;
+    }
+  }
+  return released;
+}
+
+// Parked heaps get no slow path of their own: remote frees into them would wait for the next
+// thread to start. Threads that need a page take them back now and then.
+bool collect_parked(bool every_heap) {
+  Heap* taken;
+  {
+    os::LockGuard guard(g_heaps_lock);
+    taken = g_parked;
+    g_parked = nullptr;
+  }
+  if (taken == nullptr) return false;
+  bool released = false;
+  Heap* last = taken;
+  for (Heap* heap = taken; heap != nullptr; heap = heap->next_abandoned) {
+    if (every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr)
+      released |= release_empty_pages(heap, false);
+    last = heap;
+  }
+  os::LockGuard guard(g_heaps_lock);
+  last->next_abandoned = g_parked;
+  g_parked = taken;
+  return released;
+}
+
+void maybe_collect_parked() {
+  if (g_totals.heaps_abandoned.load(std::memory_order_relaxed) == 0) return;
+  const uint64_t now = os::now_ms();
+  uint64_t last = g_last_collect_ms.load(std::memory_order_relaxed);
+  if (now - last < kPurgeDelayMs) return;
+  if (!g_last_collect_ms.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  collect_parked(false);
+}
+
+// The queue's first page with a block to give, floating the full ones it passes: a full page
+// leaves the queue until a free lands in it, so scans never walk over full pages twice.
+Page* find_page(Heap* heap, unsigned c) {
+  for (Page* page = heap->queues[c].head; page != nullptr;) {
+    Page* next = page->next;
+    if (page->free == nullptr && page_can_extend(page)) page_extend(page);
+    if (page->free != nullptr) {
+      if (page != heap->queues[c].head) {
+        queue_remove(heap, page);
+        queue_push_front(heap, page);
+      }
+      return page;
+    }
+    queue_remove(heap, page);
+    page->floating = true;
+    page->used = 1;
+    page = next;
+  }
+  maybe_collect_parked();
+  Page* page = page_acquire(heap, c);
+  if (page != nullptr) queue_push_front(heap, page);
+  return page;
+}
+
+// --- thread life cycle -------------------------------------------------------------------
+Heap* heap_new_locked() {
+  const size_t bytes = align_up(sizeof(Heap), kCacheLineBytes);
+  if (size_t(g_meta_end - g_meta_cursor) < bytes) {
+    auto* chunk = static_cast<char*>(os::map(kMetaChunkBytes));
+    if (chunk == nullptr) return nullptr;
+    g_meta_cursor = chunk;
+    g_meta_end = chunk + kMetaChunkBytes;
+  }
+  Heap* heap = new (g_meta_cursor) Heap(&g_empty_page);
+  g_meta_cursor += bytes;
+  count_add(g_totals.heaps_created, 1);
+  return heap;
+}
+
+void on_thread_exit(void* value) { heap_detach_thread(static_cast<Heap*>(value)); }
+
+void fork_prepare() {
+  heap_lock_for_fork();
+  large_lock_for_fork();
+  segment_lock_for_fork();
+}
+void fork_parent() {
+  segment_unlock_after_fork(false);
+  large_unlock_after_fork(false);
+  heap_unlock_after_fork(false);
+}
+void fork_child() {
+  segment_unlock_after_fork(true);
+  large_unlock_after_fork(true);
+  heap_unlock_after_fork(true);
+}
+
+// Once per process, outside every lock: both calls may allocate, which re-enters malloc
+// through the heap this thread has just been given.
+void process_setup() {
+  static os::Mutex setup_lock;
+  os::LockGuard guard(setup_lock);
+  if (g_process_ready.load(std::memory_order_relaxed)) return;
+  if (os::thread_key_create(&g_exit_key, on_thread_exit) != 0)
+    fatal("cannot create the thread-exit key (pthread_key_create failed)");
+  os::register_atfork(fork_prepare, fork_parent, fork_child);
+  g_process_ready.store(true, std::memory_order_release);
+}
+
+}  // namespace
+
+void* heap_malloc_slow(Heap* heap, unsigned size_class) noexcept {
+  if (TRAY_UNLIKELY(heap == &g_empty_heap)) {
+    heap = heap_attach_thread();
+    if (heap == nullptr) {
+      errno = ENOMEM;
+      return nullptr;
+    }
+  }
+  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) drain_remote(heap);
+  Page* page = find_page(heap, size_class);
+  if (page == nullptr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  Block* block = page->free;
+  page->free = block->next;
+  ++page->used;
+  return block;
+}
+
+void heap_page_event(Heap* heap, Page* page) noexcept {
+  if (page->floating) {
+    page->floating = false;
+    page->used = page->reserved - 1;
+    queue_push_back(heap, page);
+  }
+  if (page->used == 0) {  // never the head: its extra count keeps it above zero
+    const size_t bytes = size_t(page->unit_count) * kUnitBytes;
+    if (heap->retained_bytes + bytes <= kHeapRetainedBytes) {
+      page->retained = true;
+      heap->retained_bytes += bytes;
+    } else {
+      release_page(heap, page);
+    }
+  }
+}
+
+void heap_free_remote(Page* page, Block* block) noexcept {
+  Heap* owner = page->heap;
+  if (TRAY_UNLIKELY(owner == nullptr)) {
+    // Inside a segment but in no page: a stale or made-up pointer. Dropping it keeps the
+    // pools intact; debug mode turns this into a report.
+    count_add(g_totals.foreign_frees, 1);
+    return;
+  }
+  Block* head = owner->remote_free.load(std::memory_order_relaxed);
+  do {
+    block->next = head;
+  } while (!owner->remote_free.compare_exchange_weak(head, block, std::memory_order_release,
+                                                     std::memory_order_relaxed));
+}
+
+Heap* heap_attach_thread() {
+  Heap* heap;
+  {
+    os::LockGuard guard(g_heaps_lock);
+    heap = g_parked;
+    if (heap != nullptr) {
+      g_parked = heap->next_abandoned;
+      heap->next_abandoned = nullptr;
+      count_sub(g_totals.heaps_abandoned, 1);
+    } else {
+      heap = heap_new_locked();
+      if (heap == nullptr) return nullptr;
+    }
+  }
+  tls_heap = heap;
+  if (!g_process_ready.load(std::memory_order_acquire)) process_setup();
+  os::thread_key_set(g_exit_key, heap);
+  return heap;
+}
+
+void heap_detach_thread(Heap* heap) {
+  release_empty_pages(heap, false);
+  if (tls_heap == heap) tls_heap = &g_empty_heap;
+  os::LockGuard guard(g_heaps_lock);
+  heap->next_abandoned = g_parked;
+  g_parked = heap;
+  count_add(g_totals.heaps_abandoned, 1);
+}
+
+bool heap_trim() {
+  bool released = false;
+  if (tls_heap != &g_empty_heap) released |= release_empty_pages(tls_heap, false);
+  released |= collect_parked(true);
+  return released;
+}
+
+void heap_lock_for_fork() { g_heaps_lock.lock(); }
+
+void heap_unlock_after_fork(bool in_child) {
+  if (!in_child) {
+    g_heaps_lock.unlock();
+    return;
+  }
+  // Threads other than the forking one do not exist in the child. Their heaps may have been
+  // caught halfway through a fast-path update, so they are never parked or handed out again:
+  // their pages stay allocated, and freeing their blocks still works, as remote frees.
+  g_heaps_lock.reset_in_child();
+}
+
+}  // namespace tray

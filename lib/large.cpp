@@ -1,0 +1,192 @@
+#include "large.hpp"
+
+#include <cstring>
+
+#include "core/assert.hpp"
+#include "core/bits.hpp"
+#include "core/config.hpp"
+#include "platform/os.hpp"
+#include "segment.hpp"
+#include "stats.hpp"
+
+namespace tray {
+
+namespace {
+
+os::Mutex g_cache_lock;
+LargeHeader* g_cache[kLargeCacheCount];
+size_t g_cache_used = 0;
+size_t g_cache_bytes = 0;
+
+char* base_of(const LargeHeader* header) {
+  return reinterpret_cast<char*>(const_cast<LargeHeader*>(header));
+}
+
+void unmap_mapping(LargeHeader* header) {
+  const size_t bytes = header->map_bytes;
+  chunk_map_clear(header, bytes);
+  os::unmap(header, bytes);
+  count_sub(g_totals.bytes_mapped, bytes);
+  count_add(g_totals.bytes_purged, bytes);
+}
+
+void cache_remove_at(size_t i) {
+  g_cache_bytes -= g_cache[i]->map_bytes;
+  g_cache[i] = g_cache[--g_cache_used];
+}
+
+// Mappings that sat unused for kLargeCacheDelayMs go back to the OS. Called with the lock held;
+// the evicted ones are returned through `out` so the unmapping happens after unlocking.
+size_t cache_take_expired(uint64_t now, LargeHeader** out) {
+  size_t count = 0;
+  for (size_t i = 0; i < g_cache_used;) {
+    if (now - g_cache[i]->cached_ms >= kLargeCacheDelayMs) {
+      out[count++] = g_cache[i];
+      cache_remove_at(i);
+    } else {
+      ++i;
+    }
+  }
+  return count;
+}
+
+// Best fit among cached mappings that waste at most 1/kLargeCacheFitRatio of themselves.
+LargeHeader* cache_take(size_t map_bytes) {
+  LargeHeader* expired[kLargeCacheCount];
+  size_t expired_count;
+  LargeHeader* best = nullptr;
+  {
+    os::LockGuard guard(g_cache_lock);
+    expired_count = cache_take_expired(os::now_ms(), expired);
+    size_t best_index = 0;
+    for (size_t i = 0; i < g_cache_used; ++i) {
+      const size_t have = g_cache[i]->map_bytes;
+      if (have < map_bytes || have - map_bytes > have / kLargeCacheFitRatio) continue;
+      if (best == nullptr || have < best->map_bytes) {
+        best = g_cache[i];
+        best_index = i;
+      }
+    }
+    if (best != nullptr) cache_remove_at(best_index);
+  }
+  for (size_t i = 0; i < expired_count; ++i) unmap_mapping(expired[i]);
+  return best;
+}
+
+bool cache_put(LargeHeader* header) {
+  if (header->map_bytes > kLargeCacheLimitBytes / 2) return false;  // one block may not flush all
+  header->cached_ms = os::now_ms();
+  os::LockGuard guard(g_cache_lock);
+  if (g_cache_used == kLargeCacheCount || g_cache_bytes + header->map_bytes > kLargeCacheLimitBytes)
+    return false;
+  g_cache[g_cache_used++] = header;
+  g_cache_bytes += header->map_bytes;
+  return true;
+}
+
+}  // namespace
+
+void* large_alloc(size_t size, size_t alignment, bool zero) {
+  TRAY_ASSERT(is_pow2(alignment));
+  if (size > kMaxRequestBytes || alignment > kMaxAlignmentBytes) return nullptr;
+  // The header sits at the mapping's start; the block starts at the first suitably aligned
+  // address after it (for alignments of a segment or more, the mapping itself is aligned so).
+  const size_t offset = alignment <= kLargeHeaderBytes ? kLargeHeaderBytes : alignment;
+  const size_t map_bytes = align_up(offset + size, os::page_size());
+  const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
+  LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(map_bytes) : nullptr;
+  const bool fresh = header == nullptr;
+  if (fresh) {
+    header = static_cast<LargeHeader*>(os::map_aligned(map_bytes, map_alignment));
+    if (header == nullptr) return nullptr;
+    header->magic = kLargeMagic;
+    header->map_bytes = map_bytes;
+    chunk_map_set(header, map_bytes, true);
+    count_add(g_totals.bytes_mapped, map_bytes);
+  }
+  header->alignment = alignment;
+  header->user = base_of(header) + offset;
+  if (zero && !fresh) std::memset(header->user, 0, size);  // fresh mappings read as zero
+  count_add(g_totals.large_allocations, 1);
+  count_add(g_totals.bytes_large, large_usable_size(header));
+  return header->user;
+}
+
+LargeHeader* large_mapping_of(const void* p, uint8_t chunk_kind) {
+  if (chunk_kind < kChunkLarge || chunk_kind == kChunkLargeFar) return nullptr;
+  const uintptr_t chunk = align_down(reinterpret_cast<uintptr_t>(p), kSegmentBytes);
+  auto* header =
+      reinterpret_cast<LargeHeader*>(chunk - size_t(chunk_kind - kChunkLarge) * kSegmentBytes);
+  TRAY_CHECK(header->magic == kLargeMagic);
+  if (static_cast<const char*>(p) >= base_of(header) + header->map_bytes) return nullptr;
+  return header;
+}
+
+size_t large_usable_size(const LargeHeader* header) {
+  return size_t(base_of(header) + header->map_bytes - static_cast<char*>(header->user));
+}
+
+void large_free(LargeHeader* header) {
+  count_sub(g_totals.bytes_large, large_usable_size(header));
+  header->user = nullptr;  // a second free of the block no longer finds it
+  if (!cache_put(header)) unmap_mapping(header);
+}
+
+void* large_resize(LargeHeader* header, size_t new_size) {
+  if (new_size > kMaxRequestBytes) return nullptr;
+  const size_t offset = size_t(static_cast<char*>(header->user) - base_of(header));
+  const size_t old_bytes = header->map_bytes;
+  const size_t new_bytes = align_up(offset + new_size, os::page_size());
+  const size_t old_usable = large_usable_size(header);
+  if (new_bytes <= old_bytes) {
+    // Shrinking keeps the block where it is; the tail goes back only when it is most of it.
+    if (new_bytes > old_bytes / 2 || !os::remap_in_place(header, old_bytes, new_bytes))
+      return header->user;
+    const size_t keep = align_up(new_bytes, kSegmentBytes);
+    if (keep < align_up(old_bytes, kSegmentBytes))
+      chunk_map_clear(base_of(header) + keep, align_up(old_bytes, kSegmentBytes) - keep);
+  } else if (os::remap_in_place(header, old_bytes, new_bytes)) {
+    chunk_map_set(header, new_bytes, true);
+  } else {
+    const size_t alignment = header->alignment > kSegmentBytes ? header->alignment : kSegmentBytes;
+    void* target = os::reserve_aligned(new_bytes, alignment);
+    if (target == nullptr) return nullptr;
+    if (!os::remap_to(header, old_bytes, new_bytes, target)) {
+      os::unmap(target, new_bytes);
+      return nullptr;
+    }
+    chunk_map_clear(header, old_bytes);
+    header = static_cast<LargeHeader*>(target);
+    header->user = base_of(header) + offset;
+    chunk_map_set(header, new_bytes, true);
+  }
+  header->map_bytes = new_bytes;
+  count_add(g_totals.bytes_mapped, new_bytes);
+  count_sub(g_totals.bytes_mapped, old_bytes);
+  count_add(g_totals.bytes_large, large_usable_size(header));
+  count_sub(g_totals.bytes_large, old_usable);
+  return header->user;
+}
+
+bool large_trim() {
+  LargeHeader* taken[kLargeCacheCount];
+  size_t count;
+  {
+    os::LockGuard guard(g_cache_lock);
+    count = g_cache_used;
+    for (size_t i = 0; i < count; ++i) taken[i] = g_cache[i];
+    g_cache_used = 0;
+    g_cache_bytes = 0;
+  }
+  for (size_t i = 0; i < count; ++i) unmap_mapping(taken[i]);
+  return count != 0;
+}
+
+void large_lock_for_fork() { g_cache_lock.lock(); }
+
+void large_unlock_after_fork(bool in_child) {
+  if (in_child) g_cache_lock.reset_in_child();
+  else g_cache_lock.unlock();
+}
+
+}  // namespace tray

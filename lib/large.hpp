@@ -1,0 +1,30 @@
+// Large blocks (above kMaxSmallBytes, or aligned beyond what a page gives): each is a mapping
+// of its own, aligned to the segment size so the chunk map finds its header, and reused
+// through a small cache of freed mappings. realloc grows them in place or moves their pages
+// with mremap instead of copying.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "types.hpp"
+
+namespace tray {
+
+// A block of `size` bytes aligned to `alignment` (a power of two); zeroed if `zero`.
+// nullptr when the OS refuses (errno is left to the caller).
+void* large_alloc(size_t size, size_t alignment, bool zero);
+// The header of the large mapping that p lies in (chunk kind from the chunk map), or nullptr
+// if p is past the end of it (the rest of its last chunk is not ours) or too deep inside it.
+LargeHeader* large_mapping_of(const void* p, uint8_t chunk_kind);
+size_t large_usable_size(const LargeHeader* header);
+void large_free(LargeHeader* header);
+// Resizes in place or by moving the mapping; nullptr (block untouched) if the OS refuses.
+void* large_resize(LargeHeader* header, size_t new_size);
+// Unmaps every cached mapping; true if there was any.
+bool large_trim();
+
+void large_lock_for_fork();
+void large_unlock_after_fork(bool in_child);
+
+}  // namespace tray

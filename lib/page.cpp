@@ -1,0 +1,56 @@
+#include "page.hpp"
+
+#include "core/assert.hpp"
+#include "segment.hpp"
+#include "size_classes.hpp"
+#include "stats.hpp"
+
+namespace tray {
+
+Page* page_acquire(Heap* heap, unsigned size_class) {
+  Page* page = segment_take_page(class_slab_units(size_class));
+  if (page == nullptr) return nullptr;
+  page->free = nullptr;
+  page->used = 0;
+  page->floating = false;
+  page->retained = false;
+  page->capacity = 0;
+  page->reserved = class_blocks_per_page(size_class);
+  page->block_bytes = uint32_t(class_size(size_class));
+  page->size_class = uint8_t(size_class);
+  page->next = page->prev = nullptr;
+  page->heap = heap;
+  page_extend(page);
+  count_add(g_totals.pages_acquired, 1);
+  count_add(g_totals.bytes_in_pages, size_t(page->unit_count) * kUnitBytes);
+  return page;
+}
+
+void page_release(Page* page) {
+  TRAY_ASSERT(page->used == 0 && !page->floating);
+  count_sub(g_totals.bytes_in_pages, size_t(page->unit_count) * kUnitBytes);
+  page->heap = nullptr;
+  page->free = nullptr;
+  page->capacity = 0;
+  page->used = 0;
+  segment_return_page(page);
+}
+
+void page_extend(Page* page) {
+  TRAY_ASSERT(page_can_extend(page));
+  const size_t block = page->block_bytes;
+  uint32_t count = uint32_t(kPageExtendBytes / block);
+  if (count == 0) count = 1;
+  if (count > page->reserved - page->capacity) count = page->reserved - page->capacity;
+  // Link in address order, so a fresh page hands out ascending addresses (friendly to the
+  // hardware prefetcher), onto the front of whatever the free list holds.
+  uint8_t* first = page->blocks + size_t(page->capacity) * block;
+  uint8_t* p = first;
+  for (uint32_t i = 1; i < count; ++i, p += block)
+    reinterpret_cast<Block*>(p)->next = reinterpret_cast<Block*>(p + block);
+  reinterpret_cast<Block*>(p)->next = page->free;
+  page->free = reinterpret_cast<Block*>(first);
+  page->capacity += count;
+}
+
+}  // namespace tray

@@ -1,0 +1,22 @@
+// Pages: a run of units cut into equal blocks of one size class. Blocks are carved lazily,
+// a few KiB at a time, so a page that is barely used stays barely resident.
+#pragma once
+
+#include "core/bits.hpp"
+#include "types.hpp"
+
+namespace tray {
+
+// Takes a page for class `size_class` from the segment pool and gives it to `heap`.
+Page* page_acquire(Heap* heap, unsigned size_class);
+// Returns an empty page (no block live, none in a remote list) to the segment pool.
+void page_release(Page* page);
+// Carves more blocks onto the free list; the page must have untouched blocks left.
+void page_extend(Page* page);
+
+TRAY_INLINE bool page_can_extend(const Page* page) { return page->capacity < page->reserved; }
+
+// Usable bytes of the block holding p.
+TRAY_INLINE size_t page_block_bytes(const Page* page) { return page->block_bytes; }
+
+}  // namespace tray

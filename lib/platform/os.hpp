@@ -1,0 +1,65 @@
+// The platform layer: every call into the operating system made by the allocator goes
+// through here, so the rest of lib/ is portable C++ and a port touches one file.
+// Nothing here allocates.
+#pragma once
+
+#include <pthread.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tray::os {
+
+// Anonymous read-write mapping of `bytes`, or nullptr.
+void* map(size_t bytes);
+// Read-write mapping whose start is a multiple of `alignment` (a power of two >= page size).
+void* map_aligned(size_t bytes, size_t alignment);
+// Address space only (no access), aligned like map_aligned: a landing place for remap_to.
+void* reserve_aligned(size_t bytes, size_t alignment);
+void unmap(void* p, size_t bytes);
+// Gives the pages back to the OS; the range stays mapped and reads as zero afterwards.
+void purge(void* p, size_t bytes);
+// Grows or shrinks a mapping without moving it; false if the neighbours are in the way.
+bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes);
+// Moves a mapping onto `target` (a reservation of at least new_bytes), without copying.
+bool remap_to(void* p, size_t old_bytes, size_t new_bytes, void* target);
+
+size_t page_size();
+uint64_t now_ms();  // monotonic, coarse: cheap enough for slow paths
+int process_id();
+const char* env(const char* name);  // getenv: reads environ, never allocates
+
+void write_fd(int fd, const char* text, size_t length);
+[[noreturn]] void abort_process();
+
+int thread_key_create(pthread_key_t* key, void (*destructor)(void*));
+void thread_key_set(pthread_key_t key, const void* value);
+int register_atfork(void (*prepare)(), void (*parent)(), void (*child)());
+
+// A plain mutex for slow paths. Constant-initialised, so it works before any constructor.
+class Mutex {
+ public:
+  constexpr Mutex() = default;
+  Mutex(const Mutex&) = delete;
+  Mutex& operator=(const Mutex&) = delete;
+  void lock() { pthread_mutex_lock(&mutex_); }
+  void unlock() { pthread_mutex_unlock(&mutex_); }
+  // After fork() the child has one thread: whatever the parent held is re-made unlocked.
+  void reset_in_child() { pthread_mutex_init(&mutex_, nullptr); }
+
+ private:
+  pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;
+};
+
+class LockGuard {
+ public:
+  explicit LockGuard(Mutex& m) : mutex_(m) { mutex_.lock(); }
+  ~LockGuard() { mutex_.unlock(); }
+  LockGuard(const LockGuard&) = delete;
+  LockGuard& operator=(const LockGuard&) = delete;
+
+ private:
+  Mutex& mutex_;
+};
+
+}  // namespace tray::os

@@ -1,0 +1,72 @@
+// Segments and the chunk map.
+//
+// The chunk map has one byte per 4 MiB of address space and says what traymalloc keeps
+// there: nothing (a pointer we do not own, answered in O(1) without touching it), a segment
+// (header at the chunk's start), or a large block (header some chunks back). Segments come
+// from the OS and are shared by all heaps through one pool, under one lock taken only when a
+// page changes hands. Empty units are given back to the OS after a delay.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/bits.hpp"
+#include "core/config.hpp"
+#include "types.hpp"
+
+namespace tray {
+
+inline constexpr size_t kChunkCount = size_t{1} << (kAddressBits - kSegmentShift);
+inline constexpr uint8_t kChunkForeign = 0;
+inline constexpr uint8_t kChunkSegment = 1;
+inline constexpr uint8_t kChunkLarge = 2;      // 2 + k: the large header is k chunks back
+inline constexpr uint8_t kChunkLargeFar = 255; // deeper inside a large block than that
+
+// Plain bytes: an entry is written when we map or unmap there, and read when freeing a pointer
+// into that memory, which the program could only have been handed after the mapping.
+extern uint8_t g_chunk_map[kChunkCount];
+
+TRAY_INLINE uint8_t chunk_kind(const void* p) {
+  const uintptr_t index = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
+  if (TRAY_UNLIKELY(index >= kChunkCount)) return kChunkForeign;
+  return g_chunk_map[index];
+}
+
+// True when p lies in a segment: the free fast path's only test of a pointer's origin.
+TRAY_INLINE bool in_segment(const void* p) {
+  const uintptr_t index = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
+  return index < kChunkCount && g_chunk_map[index] == kChunkSegment;
+}
+
+void chunk_map_set(const void* base, size_t bytes, bool large);
+void chunk_map_clear(const void* base, size_t bytes);
+
+TRAY_INLINE Segment* segment_of(const void* p) {
+  return reinterpret_cast<Segment*>(align_down(reinterpret_cast<uintptr_t>(p), kSegmentBytes));
+}
+
+TRAY_INLINE Page* page_of(Segment* segment, const void* p) {
+  const size_t unit = (reinterpret_cast<uintptr_t>(p) >> kUnitShift) & (kUnitsPerSegment - 1);
+  return reinterpret_cast<Page*>(reinterpret_cast<char*>(segment) + segment->page_offset[unit]);
+}
+
+// Byte offset of pages[index] in its segment (what page_offset holds).
+constexpr uint16_t page_offset_of(unsigned index) {
+  return uint16_t(offsetof(Segment, pages) + index * sizeof(Page));
+}
+static_assert(offsetof(Segment, pages) + kUnitsPerSegment * sizeof(Page) <= UINT16_MAX);
+
+// A run of `units` free units as a page descriptor with unit_count and blocks set (the rest
+// is the page layer's to fill); nullptr when the OS refuses memory.
+Page* segment_take_page(unsigned units);
+// Gives a page's units back to the pool (the page must hold no live block).
+void segment_return_page(Page* page);
+// Purges every dirty unit and unmaps cached segments; true if anything went back to the OS.
+bool segment_trim();
+
+// The pool lock, for fork handlers.
+void segment_lock_for_fork();
+void segment_unlock_after_fork(bool in_child);
+
+}  // namespace tray

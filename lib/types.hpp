@@ -1,0 +1,101 @@
+// Every structure of the allocator, in one place, with the rules for who may touch what.
+//
+//  segment (4 MiB, aligned) = header unit + 63 units of 64 KiB
+//  page    = a run of units holding equal blocks of one size class, owned by one heap
+//  heap    = one per thread: a queue of pages per size class; heaps outlive their threads and
+//            are handed to the next thread that starts
+//  large   = a block above kMaxSmallBytes: a mapping of its own with a header in front
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/config.hpp"
+#include "size_classes.hpp"
+
+namespace tray {
+
+// A free block: the free-list link lives in the block itself.
+struct Block {
+  Block* next;
+};
+
+struct Heap;
+
+// A page descriptor. It lives in its segment's header, not in the page, so the blocks are
+// all the page holds. Owner-thread fields are plain. `heap` is read by other threads too, but
+// only through a block they were handed after the page got its owner, and it changes only once
+// every block is back, so each read happens after the write it sees: no atomics needed.
+struct Page {
+  Block* free = nullptr;        // owner: blocks ready to hand out
+  // owner: blocks out of `free` (live or in the heap's remote list). A floating page (full,
+  // in no queue) holds 1 instead of its count, which is then `reserved`: the next free brings
+  // it to zero, so the free fast path needs one test for "now empty" and "was full" alike.
+  uint32_t used = 0;
+  uint32_t capacity = 0;        // owner: blocks carved so far (the rest are untouched memory)
+  uint32_t reserved = 0;        // blocks the page can hold
+  uint32_t block_bytes = 0;
+  uint8_t size_class = 0;
+  uint8_t unit_count = 0;       // units spanned (pool lock); 0 for no page
+  bool floating = false;        // owner: full, and in no queue until a block comes back
+  bool retained = false;        // owner: empty, kept in its queue (counted in retained_bytes)
+  Heap* heap = nullptr;         // owner; stable while any block of the page is live
+  uint8_t* blocks = nullptr;    // address of block 0
+  Page* next = nullptr;         // owner: the heap's queue for this class
+  Page* prev = nullptr;
+};
+
+inline constexpr uint32_t kSegmentMagic = 0x54524159;  // "TRAY"
+
+struct Segment {
+  uint32_t magic;
+  // Pool state, under the pool lock.
+  uint64_t free_units;       // bit u: unit u belongs to no page
+  uint64_t dirty_units;      // bit u: free unit u still holds committed memory
+  uint64_t dirty_since_ms;   // when the oldest dirty unit became free
+  Segment* next;             // pool list (segments with free units, or the cache)
+  Segment* prev;
+  // Unit u belongs to the page whose descriptor lies page_offset[u] bytes into the segment:
+  // a byte offset rather than an index saves the free fast path a multiply. Free units point
+  // at pages[0], the header unit's descriptor, which stays empty and ownerless.
+  uint16_t page_offset[kUnitsPerSegment];
+  Page pages[kUnitsPerSegment];
+};
+static_assert(sizeof(Segment) <= kUnitBytes, "the header must fit in unit 0");
+
+// One queue of pages per size class; `direct[c]` is the head of queue c, or the shared empty
+// page, so that the fast path never tests for "no page".
+struct PageQueue {
+  Page* head = nullptr;
+  Page* tail = nullptr;
+};
+
+struct Heap {
+  explicit constexpr Heap(Page* empty_page) {
+    for (auto& page : direct) page = empty_page;
+  }
+
+  Page* direct[kSizeClassCount];
+  PageQueue queues[kSizeClassCount];
+  Heap* next_abandoned = nullptr;    // parked without a thread (heaps lock)
+  size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
+  // Blocks of this heap's pages freed by other threads: a lock-free stack that the owner
+  // takes whole. On its own cache line so remote frees do not slow the owner's fields.
+  alignas(kCacheLineBytes) std::atomic<Block*> remote_free{nullptr};
+};
+
+inline constexpr uint32_t kLargeMagic = 0x4C415247;  // "LARG"
+inline constexpr size_t kLargeHeaderBytes = 64;      // keeps large blocks 64-byte aligned
+
+// In front of every large block, at the start of its (segment-aligned) mapping.
+struct LargeHeader {
+  uint32_t magic;
+  void* user;           // the block handed out; nullptr while the mapping sits in the cache
+  size_t map_bytes;     // length of the mapping
+  size_t alignment;     // alignment the block was asked with (kept across realloc)
+  uint64_t cached_ms;   // when it entered the cache
+};
+static_assert(sizeof(LargeHeader) <= kLargeHeaderBytes);
+
+}  // namespace tray
