@@ -165,7 +165,7 @@ Page* segment_take_page(unsigned units) {
     TRAY_CHECK(first >= 1);
   }
   const uint64_t mask = run_mask(unsigned(first), units);
-  g_dirty_bytes -= size_t(std::popcount(s->dirty_units & mask)) * kUnitBytes;
+  g_dirty_bytes -= size_t(popcount64(s->dirty_units & mask)) * kUnitBytes;
   s->dirty_units &= ~mask;
   s->free_units &= ~mask;
   if (s->free_units == 0) list_remove(g_partial, s);

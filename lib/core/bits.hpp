@@ -20,6 +20,16 @@ constexpr size_t div_ceil(size_t x, size_t d) { return (x + d - 1) / d; }
 // Index of the highest set bit; x must not be 0.
 constexpr unsigned floor_log2(size_t x) { return unsigned(std::bit_width(x)) - 1; }
 
+// Set bits of x. Not std::popcount: without -mpopcnt that calls into libgcc, and the library
+// links nothing but libc.
+constexpr unsigned popcount64(uint64_t x) {
+  x = x - ((x >> 1) & 0x5555555555555555u);
+  x = (x & 0x3333333333333333u) + ((x >> 2) & 0x3333333333333333u);
+  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fu;
+  return unsigned((x * 0x0101010101010101u) >> 56);
+}
+static_assert(popcount64(0) == 0 && popcount64(~uint64_t{0}) == 64 && popcount64(0x8001) == 2);
+
 template <typename T>
 TRAY_INLINE T* ptr_add(T* p, size_t bytes) {
   return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + bytes);

@@ -54,7 +54,6 @@ inline constexpr size_t kMaxAlignmentBytes = size_t{1} << 29;
 // Metadata (thread heaps) is carved from mappings of this size.
 inline constexpr size_t kMetaChunkBytes = size_t{256} << 10;
 
-inline constexpr size_t kOsPageBytes = 4096;  // minimum; the real size is asked at run time
 inline constexpr size_t kCacheLineBytes = 64;
 
 }  // namespace tray

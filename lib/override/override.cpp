@@ -3,16 +3,18 @@
 // by libtraymalloc.so (so LD_PRELOAD replaces libc's) and defined in libtraymalloc.a (so a
 // program linking it uses ours everywhere). One translation unit on purpose: a reference to
 // any of these symbols pulls in all of them from the static library, never half of them.
-// This file keeps exceptions on: operator new must be able to throw std::bad_alloc.
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <climits>
 #include <new>
 
 #include "alloc.hpp"
+#include "core/assert.hpp"
+#include "platform/os.hpp"
 #include "stats.hpp"
 #include "traymalloc.h"
 
@@ -38,14 +40,15 @@ TRAY_PUBLIC void* aligned_alloc(size_t alignment, size_t size) noexcept {
 TRAY_PUBLIC void* memalign(size_t alignment, size_t size) noexcept {
   return tray_memalign(alignment, size);
 }
-TRAY_PUBLIC void* valloc(size_t size) noexcept { return tray_memalign(kOsPageBytes, size); }
+TRAY_PUBLIC void* valloc(size_t size) noexcept { return tray_memalign(os::page_size(), size); }
 TRAY_PUBLIC void* pvalloc(size_t size) noexcept {
-  const size_t rounded = align_up(size == 0 ? 1 : size, kOsPageBytes);
+  const size_t page = os::page_size();
+  const size_t rounded = align_up(size == 0 ? 1 : size, page);
   if (rounded < size) {
     errno = ENOMEM;
     return nullptr;
   }
-  return tray_memalign(kOsPageBytes, rounded);
+  return tray_memalign(page, rounded);
 }
 TRAY_PUBLIC size_t malloc_usable_size(void* p) noexcept { return usable_size(p); }
 TRAY_PUBLIC void cfree(void* p) noexcept { dealloc(p); }
@@ -111,48 +114,77 @@ __attribute__((constructor(101))) void install_foreign_handlers() {
 }  // namespace
 
 // --- C++ ----------------------------------------------------------------------------------
+// When memory runs out, operator new must call the new-handler and try again, or throw
+// std::bad_alloc. Rather than link the C++ runtime (1.4 MiB of resident memory in every C
+// program we are preloaded into), the failure path hands the request to the C++ runtime's own
+// operator new behind us: it runs the standard loop, on our malloc, and throws if it must.
 namespace {
 
-// What the standard asks of operator new when memory runs out: call the new-handler and try
-// again, or throw std::bad_alloc when there is none.
-TRAY_NOINLINE void* new_slow(size_t size, size_t alignment) {
-  for (;;) {
-    void* p = alignment == 0 ? alloc(size) : alloc_aligned(size, alignment, false);
-    if (p != nullptr) return p;
-    std::new_handler handler = std::get_new_handler();
-    if (handler == nullptr) throw std::bad_alloc();
-    handler();
+enum NewKind : unsigned { kPlain, kNothrow, kAligned, kAlignedNothrow, kNewKinds };
+constexpr const char* kNextNewSymbols[kNewKinds] = {
+    "_Znwm", "_ZnwmRKSt9nothrow_t", "_ZnwmSt11align_val_t", "_ZnwmSt11align_val_tRKSt9nothrow_t"};
+
+std::atomic<void*> g_next_new[kNewKinds];
+// Our own tag: std::nothrow itself lives in the C++ runtime.
+constexpr std::nothrow_t kNothrowTag{};
+
+void* next_new(NewKind kind) {
+  void* fn = g_next_new[kind].load(std::memory_order_acquire);
+  if (fn == nullptr) {  // a C++ runtime loaded after our constructor ran
+    fn = dlsym(RTLD_NEXT, kNextNewSymbols[kind]);
+    g_next_new[kind].store(fn, std::memory_order_release);
   }
+  return fn;
 }
 
-TRAY_NOINLINE void* new_slow_nothrow(size_t size, size_t alignment) noexcept {
-  try {
-    return new_slow(size, alignment);
-  } catch (...) {
-    return nullptr;
-  }
+__attribute__((constructor(101))) void resolve_next_new() {
+  for (unsigned kind = 0; kind < kNewKinds; ++kind)
+    g_next_new[kind].store(dlsym(RTLD_NEXT, kNextNewSymbols[kind]), std::memory_order_release);
+}
+
+TRAY_NOINLINE void* new_failed(size_t size) {
+  void* fn = next_new(kPlain);
+  if (fn == nullptr) fatal("operator new: out of memory, and no C++ runtime to throw std::bad_alloc");
+  return reinterpret_cast<void* (*)(size_t)>(fn)(size);
+}
+
+TRAY_NOINLINE void* new_failed_nothrow(size_t size) noexcept {
+  void* fn = next_new(kNothrow);
+  if (fn == nullptr) return nullptr;
+  return reinterpret_cast<void* (*)(size_t, const std::nothrow_t&)>(fn)(size, kNothrowTag);
+}
+
+TRAY_NOINLINE void* new_failed_aligned(size_t size, std::align_val_t alignment) {
+  void* fn = next_new(kAligned);
+  if (fn == nullptr) fatal("operator new: out of memory, and no C++ runtime to throw std::bad_alloc");
+  return reinterpret_cast<void* (*)(size_t, std::align_val_t)>(fn)(size, alignment);
+}
+
+TRAY_NOINLINE void* new_failed_aligned_nothrow(size_t size, std::align_val_t alignment) noexcept {
+  void* fn = next_new(kAlignedNothrow);
+  if (fn == nullptr) return nullptr;
+  return reinterpret_cast<void* (*)(size_t, std::align_val_t, const std::nothrow_t&)>(fn)(
+      size, alignment, kNothrowTag);
 }
 
 TRAY_INLINE void* new_fast(size_t size) {
   void* p = alloc(size);
-  return TRAY_LIKELY(p != nullptr) ? p : new_slow(size, 0);
+  return TRAY_LIKELY(p != nullptr) ? p : new_failed(size);
 }
 
 TRAY_INLINE void* new_fast_nothrow(size_t size) noexcept {
   void* p = alloc(size);
-  return TRAY_LIKELY(p != nullptr) ? p : new_slow_nothrow(size, 0);
+  return TRAY_LIKELY(p != nullptr) ? p : new_failed_nothrow(size);
 }
 
 TRAY_INLINE void* new_aligned(size_t size, std::align_val_t alignment) {
-  const size_t a = static_cast<size_t>(alignment);
-  void* p = alloc_aligned(size, a, false);
-  return TRAY_LIKELY(p != nullptr) ? p : new_slow(size, a);
+  void* p = alloc_aligned(size, static_cast<size_t>(alignment), false);
+  return TRAY_LIKELY(p != nullptr) ? p : new_failed_aligned(size, alignment);
 }
 
 TRAY_INLINE void* new_aligned_nothrow(size_t size, std::align_val_t alignment) noexcept {
-  const size_t a = static_cast<size_t>(alignment);
-  void* p = alloc_aligned(size, a, false);
-  return TRAY_LIKELY(p != nullptr) ? p : new_slow_nothrow(size, a);
+  void* p = alloc_aligned(size, static_cast<size_t>(alignment), false);
+  return TRAY_LIKELY(p != nullptr) ? p : new_failed_aligned_nothrow(size, alignment);
 }
 
 }  // namespace
