@@ -104,6 +104,23 @@ void release_page(Heap* heap, Page* page) {
 }
 
 // --- remote frees ------------------------------------------------------------------------
+// Pushes the list first..last onto the owner's stack of remote frees.
+void push_remote(Heap* owner, Block* first, Block* last) {
+  Block* head = owner->remote_free.load(std::memory_order_relaxed);
+  do {
+    last->next = head;
+  } while (!owner->remote_free.compare_exchange_weak(head, first, std::memory_order_release,
+                                                     std::memory_order_relaxed));
+}
+
+void flush_outgoing(Heap* heap) {
+  if (heap->outgoing_count == 0) return;
+  push_remote(heap->outgoing_target, heap->outgoing_head, heap->outgoing_tail);
+  heap->outgoing_target = nullptr;
+  heap->outgoing_head = heap->outgoing_tail = nullptr;
+  heap->outgoing_count = 0;
+}
+
 void drain_remote(Heap* heap) {
   Block* block = heap->remote_free.exchange(nullptr, std::memory_order_acquire);
   while (block != nullptr) {
@@ -243,6 +260,7 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class) noexcept {
       return nullptr;
     }
   }
+  flush_outgoing(heap);
   if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) drain_remote(heap);
   Page* page = find_page(heap, size_class);
   if (page == nullptr) {
@@ -280,11 +298,20 @@ void heap_free_remote(Page* page, Block* block) noexcept {
     count_add(g_totals.foreign_frees, 1);
     return;
   }
-  Block* head = owner->remote_free.load(std::memory_order_relaxed);
-  do {
-    block->next = head;
-  } while (!owner->remote_free.compare_exchange_weak(head, block, std::memory_order_release,
-                                                     std::memory_order_relaxed));
+  Heap* self = tls_heap;
+  if (self == &g_empty_heap) {  // a thread that never allocated has nowhere to gather
+    block->next = nullptr;
+    push_remote(owner, block, block);
+    return;
+  }
+  if (self->outgoing_target != owner) {
+    flush_outgoing(self);
+    self->outgoing_target = owner;
+    self->outgoing_tail = block;
+  }
+  block->next = self->outgoing_head;
+  self->outgoing_head = block;
+  if (++self->outgoing_count == kRemoteBatchBlocks) flush_outgoing(self);
 }
 
 Heap* heap_attach_thread() {
@@ -308,6 +335,7 @@ Heap* heap_attach_thread() {
 }
 
 void heap_detach_thread(Heap* heap) {
+  flush_outgoing(heap);
   release_empty_pages(heap, false);
   if (tls_heap == heap) tls_heap = &g_empty_heap;
   os::LockGuard guard(g_heaps_lock);
@@ -318,7 +346,10 @@ void heap_detach_thread(Heap* heap) {
 
 bool heap_trim() {
   bool released = false;
-  if (tls_heap != &g_empty_heap) released |= release_empty_pages(tls_heap, false);
+  if (tls_heap != &g_empty_heap) {
+    flush_outgoing(tls_heap);
+    released |= release_empty_pages(tls_heap, false);
+  }
   released |= collect_parked(true);
   return released;
 }

@@ -80,6 +80,12 @@ struct Heap {
   PageQueue queues[kSizeClassCount];
   Heap* next_abandoned = nullptr;    // parked without a thread (heaps lock)
   size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
+  // Blocks this heap's thread freed into another heap, gathered so that a run of frees to the
+  // same heap costs one compare-and-swap instead of one each (see kRemoteBatchBlocks).
+  Heap* outgoing_target = nullptr;
+  Block* outgoing_head = nullptr;
+  Block* outgoing_tail = nullptr;
+  uint32_t outgoing_count = 0;
   // Blocks of this heap's pages freed by other threads: a lock-free stack that the owner
   // takes whole. On its own cache line so remote frees do not slow the owner's fields.
   alignas(kCacheLineBytes) std::atomic<Block*> remote_free{nullptr};

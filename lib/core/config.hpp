@@ -34,6 +34,10 @@ inline constexpr size_t kDirtyLimitBytes = size_t{4} << 20;
 // Fully empty segments kept mapped (their units purged) to save a later mmap.
 inline constexpr size_t kSegmentCacheCount = 4;
 
+// Frees into another thread's heap are sent in batches of up to this many blocks (a batch also
+// goes when the target changes, and on the sender's next allocation slow path).
+inline constexpr uint32_t kRemoteBatchBlocks = 64;
+
 // Empty pages a heap keeps in its queues, so that a working set that swings by a page or two
 // does not hand pages to the pool and take them back on every swing.
 inline constexpr size_t kHeapRetainedBytes = size_t{1} << 20;
