@@ -10,6 +10,12 @@ namespace tray {
 
 constinit Totals g_totals;
 
+namespace {
+// Where the summary goes. Some programs (coreutils among them) close stderr in an exit
+// handler that runs before library destructors, so stats=1 keeps a copy of it from the start.
+int g_summary_fd = STDERR_FILENO;
+}  // namespace
+
 void stats_print_summary() {
   char storage[512];
   TextBuffer out(storage, sizeof storage);
@@ -24,10 +30,16 @@ void stats_print_summary() {
   field("heaps_created", g_totals.heaps_created);
   field("foreign_frees", g_totals.foreign_frees);
   out.chr('\n');
-  out.write_to(STDERR_FILENO);
+  out.write_to(g_summary_fd);
 }
 
 namespace {
+__attribute__((constructor)) void keep_stderr_for_stats() {
+  if (option(Option::kStats) == 0) return;
+  const int fd = os::duplicate_fd(STDERR_FILENO);
+  if (fd >= 0) g_summary_fd = fd;
+}
+
 // Runs at exit (and at dlclose, which -z nodelete rules out for the .so).
 __attribute__((destructor)) void print_stats_at_exit() {
   if (option(Option::kStats) != 0) stats_print_summary();

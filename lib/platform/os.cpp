@@ -1,6 +1,7 @@
 #include "platform/os.hpp"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -47,7 +48,11 @@ void* reserve_aligned(size_t bytes, size_t alignment) {
   return map_aligned_with(bytes, alignment, PROT_NONE);
 }
 
-void unmap(void* p, size_t bytes) { munmap(p, bytes); }
+void unmap(void* p, size_t bytes) {
+  const int saved = errno;  // free() must leave errno alone
+  munmap(p, bytes);
+  errno = saved;
+}
 
 void purge(void* p, size_t bytes) {
   // MADV_DONTNEED rather than MADV_FREE: the resident size drops at once, which is what
@@ -94,6 +99,8 @@ void write_fd(int fd, const char* text, size_t length) {
   }
   errno = saved;
 }
+
+int duplicate_fd(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 3); }
 
 void abort_process() { abort(); }
 

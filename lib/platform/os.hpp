@@ -30,6 +30,8 @@ int process_id();
 const char* env(const char* name);  // getenv: reads environ, never allocates
 
 void write_fd(int fd, const char* text, size_t length);
+// A close-on-exec duplicate of fd, or -1.
+int duplicate_fd(int fd);
 [[noreturn]] void abort_process();
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*));

@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# Runs real programs from Debian with libtraymalloc.so preloaded, checks their results against
+# answers computed once under glibc's malloc, and checks that traymalloc served them: with
+# TRAY_OPTIONS=stats=1 every process prints one stats line to stderr at exit.
+#
+# Usage: preload_programs.sh LIBTRAYMALLOC {python|perl|git|sqlite|sort|all}
+# Exit status: 0 pass, 1 fail, 77 the program is not installed (ctest reports it as skipped).
+set -euo pipefail
+
+readonly SKIPPED=77
+[[ $# -eq 2 ]] || { echo "usage: $0 LIBTRAYMALLOC {python|perl|git|sqlite|sort|all}" >&2; exit 2; }
+library=$(realpath -- "$1")
+which_program=$2
+[[ -f $library ]] || { echo "FAIL: $library does not exist" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tray-preload.XXXXXX")
+trap 'rm -rf -- "$work"' EXIT
+step=0
+
+fail() { echo "FAIL [$which_program]: $*" >&2; exit 1; }
+
+require() {
+  command -v "$1" >/dev/null || { echo "SKIP: $1 is not installed"; exit "$SKIPPED"; }
+}
+
+# The stderr of one preloaded process tree must show that traymalloc served at least one page,
+# and must hold no other message from traymalloc (those report misuse or corruption).
+check_served() {
+  local stderr_file=$1 what=$2
+  grep -Eq '^traymalloc: stats: pid=[0-9]+ pages_acquired=[1-9]' "$stderr_file" ||
+    { cat "$stderr_file" >&2; fail "$what: no stats line with pages_acquired >= 1 on stderr"; }
+  if awk '/traymalloc/ && !/^traymalloc: stats: / { found = 1 } END { exit !found }' \
+       "$stderr_file"; then
+    cat "$stderr_file" >&2
+    fail "$what: traymalloc reported a problem"
+  fi
+  echo "$what: $(grep -c '^traymalloc: stats: ' "$stderr_file") process(es) served," \
+       "first: $(grep -m1 '^traymalloc: stats: ' "$stderr_file")"
+}
+
+# preloaded STDOUT_FILE COMMAND...: runs COMMAND under traymalloc, stdout to STDOUT_FILE.
+preloaded() {
+  local stdout_file=$1; shift
+  local stderr_file=$work/stderr.$((++step)) status=0
+  LD_PRELOAD="$library${LD_PRELOAD:+:$LD_PRELOAD}" TRAY_OPTIONS=stats=1 \
+    "$@" >"$stdout_file" 2>"$stderr_file" || status=$?
+  if [[ $status -ne 0 ]]; then
+    cat "$stderr_file" >&2
+    fail "'$(describe "$@")' exited with status $status"
+  fi
+  check_served "$stderr_file" "$(describe "$@")"
+}
+
+# A command line for messages: the program's name, and its arguments unless they are long.
+describe() {
+  local text word
+  text=$(basename -- "$1")
+  for word in "${@:2}"; do
+    if [[ ${#word} -le 40 ]]; then text+=" $word"; else text+=" ..."; fi
+  done
+  echo "$text"
+}
+
+expect_output() {
+  local file=$1 expected=$2
+  [[ $(<"$file") == "$expected" ]] ||
+    fail "unexpected output:"$'\n'"$(<"$file")"$'\n'"expected:"$'\n'"$expected"
+}
+
+# Dict, list and str churn in three threads. PYTHONMALLOC=malloc routes every object through
+# malloc: by default pymalloc would carve small objects from its own mmap'ed arenas.
+test_python() {
+  local python=/usr/bin/python3
+  require "$python"
+  cat >"$work/workload.py" <<'EOF'
+import hashlib, json, threading
+
+def workload(seed):
+    table = {}
+    for i in range(200_000):
+        key = f"k{(i * 2654435761 + seed) % 4294967296:08x}-{i}"
+        table[key] = [i, str(i * i), key[::-1]]
+    for key in list(table)[::3]:
+        del table[key]
+    words = sorted(table, key=lambda k: (k[::-1], len(k)))
+    text = "\n".join(f"{w}:{table[w][1]}" for w in words)
+    groups = {}
+    for w in words:
+        groups.setdefault(w[1:3], []).append(w)
+    summary = json.dumps({k: len(v) for k, v in groups.items()}, sort_keys=True)
+    return hashlib.sha256((text + summary).encode()).hexdigest()
+
+results = [None] * 3
+def run(slot):
+    results[slot] = workload(slot)
+threads = [threading.Thread(target=run, args=(slot,)) for slot in range(3)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(hashlib.sha256("".join(results).encode()).hexdigest())
+EOF
+  PYTHONMALLOC=malloc preloaded "$work/out" "$python" "$work/workload.py"
+  expect_output "$work/out" 6da7295e80d813fed4f1baabd06b498ab45749bb29f1474846ef5a3a1ebb1bf0
+}
+
+# Hash and string churn: 200k keys, deletions, a custom sort, a regex rewrite of 10 MB.
+test_perl() {
+  require perl
+  local script
+  script=$(cat <<'EOF'
+use strict; use warnings; use Digest::SHA qw(sha256_hex);
+my %table;
+for my $i (0 .. 199_999) {
+  my $key = sprintf("k%08x-%d", ($i * 2654435761) % 4294967296, $i);
+  $table{$key} = join(",", reverse(split(//, $key)), $i * $i);
+}
+delete @table{grep { /7-/ } keys %table};
+my @sorted = sort { length($table{$a}) <=> length($table{$b}) or $a cmp $b } keys %table;
+my $text = join("\n", map { "$_=$table{$_}" } @sorted);
+(my $squeezed = $text) =~ s/([0-9a-f])\1+/$1/g;
+print sha256_hex($text . $squeezed), " ", scalar(@sorted), "\n";
+EOF
+)
+  preloaded "$work/out" perl -e "$script"
+  expect_output "$work/out" "4c4bf1ce391c462e72977e482a68028cb27709553aa63c0756ef8bdb1347547c 187500"
+}
+
+# Two commits of 3000 files, gc (pack-objects with threads) and a full fsck. Fixed identities
+# and dates make the commit id a known answer; no user or system configuration is read.
+test_git() {
+  require git
+  require perl
+  cat >"$work/generate.pl" <<'EOF'
+# ROUND 1 writes 3000 files in 30 directories; ROUND 2 rewrites every third one.
+my $round = shift;
+for my $i (0 .. 2999) {
+  next if $round == 2 && $i % 3;
+  my $dir = sprintf("dir%02d", $i % 30);
+  mkdir $dir;
+  open(my $out, ">", "$dir/file$i.txt") or die "$dir/file$i.txt: $!";
+  print $out join("\n", map { "round $round line $_ of file $i " . ("x" x ($i % 97)) } 1 .. 40), "\n";
+  close($out);
+}
+EOF
+  export HOME=$work GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
+  export GIT_AUTHOR_NAME=Tray GIT_AUTHOR_EMAIL=tray@example.invalid
+  export GIT_AUTHOR_DATE=2024-01-01T00:00:00Z GIT_COMMITTER_DATE=2024-01-01T00:00:00Z
+  export GIT_COMMITTER_NAME=Tray GIT_COMMITTER_EMAIL=tray@example.invalid
+  mkdir "$work/repo"
+  cd "$work/repo"
+  perl "$work/generate.pl" 1
+  preloaded "$work/out" git -c init.defaultBranch=main init -q
+  preloaded "$work/out" git add -A
+  preloaded "$work/out" git commit -q -m one
+  perl "$work/generate.pl" 2
+  preloaded "$work/out" git rm -q dir05/file5.txt
+  preloaded "$work/out" git add -A
+  preloaded "$work/out" git commit -q -m two
+  preloaded "$work/out" git -c pack.threads=2 gc -q --prune=now
+  preloaded "$work/out" git fsck --full --strict
+  preloaded "$work/out" git rev-parse HEAD
+  expect_output "$work/out" 4246dc2ed8e58702db8c70f69c4bb3017ec077ba
+  preloaded "$work/out" git count-objects -v
+  grep -qx 'in-pack: 4045' "$work/out" || fail "unexpected object count: $(<"$work/out")"
+}
+
+# 100k rows from a recursive CTE, two indexes, deletions, VACUUM; a 64 MiB page cache keeps
+# the database pages in malloc'ed memory. sha3_query hashes the whole sorted table.
+test_sqlite() {
+  require sqlite3
+  cat >"$work/workload.sql" <<'EOF'
+PRAGMA cache_size = -65536;
+PRAGMA temp_store = memory;
+CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT NOT NULL, val INTEGER NOT NULL);
+WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000)
+INSERT INTO t SELECT x, printf('row-%06d-%08x', x, (x * 2654435761) % 4294967296),
+                     (x * x) % 1000003 FROM c;
+CREATE INDEX t_val ON t(val);
+CREATE INDEX t_name ON t(name);
+DELETE FROM t WHERE id % 7 = 0;
+VACUUM;
+PRAGMA integrity_check;
+SELECT count(*), sum(val), sum(length(name)) FROM t;
+SELECT hex(sha3_query('SELECT name, val FROM t ORDER BY val, name'));
+SELECT length(group_concat(name, ',')) FROM (SELECT name FROM t ORDER BY substr(name, 12) DESC);
+EOF
+  preloaded "$work/out" sqlite3 "$work/test.db" -init /dev/null -bail -batch <"$work/workload.sql"
+  expect_output "$work/out" "ok
+85715|42721580735|1628585
+E0EC2252FDCA97900F701C715CCD08FCBAA5A6FFE9A33093E5447750F37BD37B
+1714299"
+}
+
+# 50 MB of lines sorted twice, in memory and as an external merge of 8 MiB runs, both with
+# two threads; the reference is the same sort under glibc's malloc.
+test_sort() {
+  require sort
+  require perl
+  perl -e 'my $x = 1;
+    for my $i (1 .. 2_300_000) {
+      $x = ($x * 1103515245 + 12345) % 2147483648;
+      printf("%08x%04x %d %s\n", $x, $i % 65536, $x % 1000, "v" x ($i % 9));
+    }' >"$work/input"
+  # shellcheck disable=SC2054  # commas belong to sort's key syntax
+  local keys=(-t ' ' -k2,2n -k1,1)
+  LC_ALL=C sort "${keys[@]}" "$work/input" >"$work/expected"
+  LC_ALL=C preloaded "$work/in-memory" sort --parallel=2 "${keys[@]}" "$work/input"
+  cmp -s "$work/expected" "$work/in-memory" || fail "in-memory sort differs from the reference"
+  LC_ALL=C preloaded "$work/merged" sort --parallel=2 -S 8M -T "$work" "${keys[@]}" "$work/input"
+  cmp -s "$work/expected" "$work/merged" || fail "external-merge sort differs from the reference"
+}
+
+case $which_program in
+  python | perl | git | sqlite | sort) "test_$which_program" ;;
+  all)
+    for p in python perl git sqlite sort; do
+      "$0" "$library" "$p" || [[ $? -eq $SKIPPED ]]
+    done ;;
+  *) echo "unknown program '$which_program'" >&2; exit 2 ;;
+esac
+echo "PASS [$which_program]"
