@@ -290,15 +290,24 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
   }
 }
 
-void heap_free_remote(Page* page, Block* block) noexcept {
+void heap_free_remote(Block* block) noexcept {
+  Page* page = unit_descriptor_of(segment_of(block), block);
   Heap* owner = page->heap;
-  if (TRAY_UNLIKELY(owner == nullptr)) {
-    // Inside a segment but in no page: a stale or made-up pointer. Dropping it keeps the
-    // pools intact; debug mode turns this into a report.
-    count_add(g_totals.foreign_frees, 1);
-    return;
-  }
   Heap* self = tls_heap;
+  if (owner == nullptr) {
+    page = page_of(segment_of(block), block);
+    owner = page->heap;
+    if (TRAY_UNLIKELY(owner == nullptr)) {
+      // Inside a segment but in no page: a stale or made-up pointer. Dropping it keeps the
+      // pools intact; debug mode turns this into a report.
+      count_add(g_totals.foreign_frees, 1);
+      return;
+    }
+    if (owner == self) {
+      page_free_local(self, page, block);
+      return;
+    }
+  }
   if (self == &g_empty_heap) {  // a thread that never allocated has nowhere to gather
     block->next = nullptr;
     push_remote(owner, block, block);

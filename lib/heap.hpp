@@ -25,8 +25,10 @@ extern constinit Heap g_empty_heap;
 void* heap_malloc_slow(Heap* heap, unsigned size_class) noexcept;
 // A local free left the page empty, or landed in a full (floating) page.
 void heap_page_event(Heap* heap, Page* page) noexcept;
-// A free of a block whose page another heap owns (or no heap: an invalid pointer).
-void heap_free_remote(Page* page, Block* block) noexcept;
+// A free whose unit descriptor is not owned by this thread's heap: a block of another heap,
+// a block beyond the first unit of a multi-unit page, or an invalid pointer.
+// Takes only the block (finding its page again) so the fast path keeps no page pointer alive.
+void heap_free_remote(Block* block) noexcept;
 
 // Gives the calling thread a heap (a parked one if any); nullptr when out of memory.
 Heap* heap_attach_thread();
@@ -67,7 +69,7 @@ TRAY_INLINE void heap_free_small(Page* page, void* p) noexcept {
     page_free_local(heap, page, block);
     return;
   }
-  heap_free_remote(page, block);
+  heap_free_remote(block);
 }
 
 }  // namespace tray

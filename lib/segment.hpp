@@ -46,6 +46,15 @@ TRAY_INLINE Segment* segment_of(const void* p) {
   return reinterpret_cast<Segment*>(align_down(reinterpret_cast<uintptr_t>(p), kSegmentBytes));
 }
 
+// The descriptor of the unit p lies in. That is p's page when p lies in the page's first unit
+// (always, for pages of one unit: every class up to 8 KiB); otherwise it is an unused
+// descriptor with no owner, and page_of gives the page. No table load: the free fast path.
+TRAY_INLINE Page* unit_descriptor_of(Segment* segment, const void* p) {
+  const size_t unit = (reinterpret_cast<uintptr_t>(p) >> kUnitShift) & (kUnitsPerSegment - 1);
+  return &segment->pages[unit];
+}
+
+// The page p lies in (pages[0], ownerless, for a free unit).
 TRAY_INLINE Page* page_of(Segment* segment, const void* p) {
   const size_t unit = (reinterpret_cast<uintptr_t>(p) >> kUnitShift) & (kUnitsPerSegment - 1);
   return reinterpret_cast<Page*>(reinterpret_cast<char*>(segment) + segment->page_offset[unit]);
