@@ -21,6 +21,7 @@ struct OptionSpec {
 
 constexpr OptionSpec kSpecs[] = {
     {"stats", 0, 0, 1},
+    {"debug", 0, 0, 1},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 

@@ -9,6 +9,8 @@ namespace tray {
 
 enum class Option : unsigned {
   kStats,  // stats=1: print a summary of the process's allocator use to stderr at exit
+  kDebug,  // debug=1: checks and 0x1deadb0b fills in the object pools (include/tray), which
+           // read TRAY_OPTIONS themselves; known here so that it is not reported as unknown
   kCount,
 };
 
