@@ -44,7 +44,7 @@ inline constexpr size_t kHeapRetainedBytes = size_t{1} << 20;
 
 // Freed large blocks kept mapped for reuse, in count and in total bytes.
 inline constexpr size_t kLargeCacheCount = 16;
-inline constexpr size_t kLargeCacheLimitBytes = size_t{32} << 20;
+inline constexpr size_t kLargeCacheLimitBytes = size_t{64} << 20;
 // ...and for at most this long.
 inline constexpr uint64_t kLargeCacheDelayMs = 1000;
 // A cached large mapping serves a request only if it wastes at most 1/kLargeCacheFitRatio of it.

@@ -1,0 +1,213 @@
+// What every workload shares: its command line, a seeded RNG, a timer, RSS readings, the
+// stamps that let it check its own blocks, and the one RESULT line tools/bench-compare parses:
+//
+//   RESULT workload=NAME malloc=LIB threads=T ops=N seconds=S peak_rss_kb=K [key=value...]
+//          check=ok|fail                                                     (on one line)
+//
+// Command line (every workload): --scale X multiplies the amount of work (1 = the full run);
+// --threads N sets the thread count of the multi-threaded ones; --expect-malloc LIB makes the
+// program refuse to run unless LIB is the malloc in use, so a preload that silently did not
+// happen cannot pass for the allocator it named.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace workload {
+
+struct Options {
+  double scale = 1.0;
+  unsigned threads = 0;  // 0: the workload's default
+  std::string expect_malloc;
+
+  // `count` scaled for this run, never below `floor` so tiny scales still exercise the pattern.
+  uint64_t scaled(uint64_t count, uint64_t floor = 1) const {
+    return std::max<uint64_t>(floor, static_cast<uint64_t>(std::llround(count * scale)));
+  }
+  unsigned threads_or(unsigned fallback) const { return threads ? threads : fallback; }
+};
+
+// Names the malloc that is actually in use by looking for a symbol only that library exports.
+inline const char* malloc_library_name() {
+  struct Probe {
+    const char* symbol;
+    const char* name;
+  };
+  static constexpr Probe probes[] = {{"tray_malloc", "traymalloc"}, {"mallctl", "jemalloc"},
+                                     {"mi_malloc", "mimalloc"},     {"tc_malloc", "tcmalloc"}};
+  for (const Probe& probe : probes)
+    if (dlsym(RTLD_DEFAULT, probe.symbol) != nullptr) return probe.name;
+  return "glibc";
+}
+
+template <typename Number>
+bool parse_number(const char* text, Number& out) {
+  const char* end = text + std::strlen(text);
+  const auto [stop, error] = std::from_chars(text, end, out);
+  return error == std::errc{} && stop == end;
+}
+
+[[noreturn]] inline void usage_error(const char* program) {
+  std::fprintf(stderr, "usage: %s [--scale X>0] [--threads N>0] [--expect-malloc LIB]\n", program);
+  std::exit(2);
+}
+
+inline Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string_view flag = argv[i];
+    if (i + 1 >= argc) usage_error(argv[0]);
+    const char* value = argv[i + 1];
+    bool valid = true;
+    if (flag == "--scale") {
+      valid = parse_number(value, options.scale) && options.scale > 0;
+    } else if (flag == "--threads") {
+      valid = parse_number(value, options.threads) && options.threads > 0;
+    } else if (flag == "--expect-malloc") {
+      options.expect_malloc = value;
+    } else {
+      valid = false;
+    }
+    if (!valid) usage_error(argv[0]);
+  }
+  if (!options.expect_malloc.empty() && options.expect_malloc != malloc_library_name()) {
+    std::fprintf(stderr, "%s: expected malloc %s but %s is in use\n", argv[0],
+                 options.expect_malloc.c_str(), malloc_library_name());
+    std::exit(3);
+  }
+  return options;
+}
+
+// SplitMix64: seeded per thread so every allocator sees the same request sequence.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+  uint64_t below(uint64_t bound) { return next() % bound; }
+  uint64_t between(uint64_t low, uint64_t high) { return low + below(high - low + 1); }
+  // Log-uniform in [low, high]: as many blocks per doubling of size, as real programs tend to have.
+  uint64_t log_between(uint64_t low, uint64_t high) {
+    const double unit = static_cast<double>(next() >> 11) / 9007199254740992.0;
+    const double size = static_cast<double>(low) * std::pow(double(high) / double(low), unit);
+    return std::clamp<uint64_t>(static_cast<uint64_t>(size), low, high);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+class Stopwatch {
+ public:
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// The high-water mark of this process's own memory map (VmHWM). Not getrusage's ru_maxrss:
+// Linux carries that over exec, so it would include the RSS of whatever forked this program.
+inline long peak_rss_kb() {
+  std::FILE* status = std::fopen("/proc/self/status", "r");
+  if (status == nullptr) return -1;
+  char line[256];
+  long kb = -1;
+  while (std::fgets(line, sizeof line, status))
+    if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+  std::fclose(status);
+  return kb;
+}
+
+// --- block stamps --------------------------------------------------------------------------
+// A block gets its tag in its first 8 bytes, a derived word at every 4 KiB step (so each page
+// of a large block is written, hence resident, and a page lost by realloc is noticed) and the
+// tag's complement in its last 8 bytes. Blocks under 16 bytes get only the leading bytes.
+
+inline constexpr size_t kStampStrideBytes = 4096;
+
+inline uint64_t page_stamp(uint64_t tag, size_t offset) {
+  return tag + (offset / kStampStrideBytes) * 0x9E3779B97F4A7C15ULL;
+}
+
+inline void stamp(void* block, size_t bytes, uint64_t tag) {
+  auto* base = static_cast<unsigned char*>(block);
+  if (bytes < 16) {
+    std::memcpy(base, &tag, std::min<size_t>(bytes, sizeof tag));
+    return;
+  }
+  std::memcpy(base, &tag, sizeof tag);
+  for (size_t offset = kStampStrideBytes; offset + 16 <= bytes; offset += kStampStrideBytes) {
+    const uint64_t word = page_stamp(tag, offset);
+    std::memcpy(base + offset, &word, sizeof word);
+  }
+  const uint64_t tail = ~tag;
+  std::memcpy(base + bytes - sizeof tail, &tail, sizeof tail);
+}
+
+inline bool stamp_intact(const void* block, size_t bytes, uint64_t tag) {
+  const auto* base = static_cast<const unsigned char*>(block);
+  if (bytes < 16) return std::memcmp(base, &tag, std::min<size_t>(bytes, sizeof tag)) == 0;
+  uint64_t word = 0;
+  std::memcpy(&word, base, sizeof word);
+  if (word != tag) return false;
+  for (size_t offset = kStampStrideBytes; offset + 16 <= bytes; offset += kStampStrideBytes) {
+    std::memcpy(&word, base + offset, sizeof word);
+    if (word != page_stamp(tag, offset)) return false;
+  }
+  std::memcpy(&word, base + bytes - sizeof word, sizeof word);
+  return word == ~tag;
+}
+
+// A tag that differs between blocks and threads and is never zero (zeroed memory never passes).
+inline uint64_t block_tag(uint64_t thread, uint64_t serial) {
+  return (((thread << 48) ^ serial) * 0xD6E8FEB86659FD93ULL) | 1;
+}
+
+// --- self-check and result -----------------------------------------------------------------
+
+// Counts failed checks from any thread; the result line turns a non-zero count into check=fail.
+class CheckCounter {
+ public:
+  void expect(bool ok, const char* what) {
+    if (ok) return;
+    if (failures_.fetch_add(1, std::memory_order_relaxed) < 10)
+      std::fprintf(stderr, "check failed: %s\n", what);
+  }
+  bool passed() const { return failures_.load(std::memory_order_relaxed) == 0; }
+  uint64_t failures() const { return failures_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> failures_{0};
+};
+
+// Prints the RESULT line (extra is appended as is: " key=value ...") and returns main's status.
+inline int report(const char* name, unsigned threads, uint64_t ops, double seconds,
+                  const CheckCounter& checks, const std::string& extra = {}) {
+  std::printf("RESULT workload=%s malloc=%s threads=%u ops=%llu seconds=%.6f peak_rss_kb=%ld%s "
+              "check=%s\n",
+              name, malloc_library_name(), threads, static_cast<unsigned long long>(ops), seconds,
+              peak_rss_kb(), extra.c_str(), checks.passed() ? "ok" : "fail");
+  if (!checks.passed())
+    std::fprintf(stderr, "%s: %llu failed checks\n", name,
+                 static_cast<unsigned long long>(checks.failures()));
+  return checks.passed() ? 0 : 1;
+}
+
+}  // namespace workload

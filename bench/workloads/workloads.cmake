@@ -1,0 +1,11 @@
+# The workload programs, one <name>.cpp each; shared by bench/workloads (to build them) and
+# tests/bench (to smoke-test each one).
+set(TRAY_BENCH_WORKLOADS
+  larson
+  xmalloc
+  cache_scratch
+  fragmentation
+  particles
+  thread_churn
+  large_realloc
+)

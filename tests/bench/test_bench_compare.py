@@ -1,0 +1,154 @@
+"""Tests of tools/bench-compare: its table from known runs, a tiny real run, and its refusal of
+a run whose preload put the wrong malloc in place.
+
+Run by ctest (tests/bench/CMakeLists.txt), which sets BENCH_COMPARE (the runner),
+BENCH_BUILD_DIR (a build with bench/workloads), TRAYMALLOC_LIB and BENCH_WORK_DIR.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import unittest
+from importlib.machinery import SourceFileLoader
+from pathlib import Path
+
+RUNNER = Path(os.environ["BENCH_COMPARE"])
+BUILD_DIR = Path(os.environ["BENCH_BUILD_DIR"])
+TRAYMALLOC_LIB = Path(os.environ["TRAYMALLOC_LIB"])
+WORK_DIR = Path(os.environ["BENCH_WORK_DIR"])
+JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+
+
+def load_runner():
+    loader = SourceFileLoader("bench_compare", str(RUNNER))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def run_runner(out_dir, *arguments, lib=TRAYMALLOC_LIB):
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return subprocess.run([str(RUNNER), "--build", str(BUILD_DIR), "--lib", str(lib),
+                           "--out", str(out_dir), *arguments],
+                          capture_output=True, text=True, timeout=240)
+
+
+def table_rows(markdown, heading):
+    """The data rows of the table under `heading`, as lists of cells."""
+    lines = markdown.split(heading, 1)[1].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[first + 2:]:  # after the header and its rule
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+class TableFromKnownRuns(unittest.TestCase):
+    def setUp(self):
+        self.runner = load_runner()
+        Run = self.runner.Run
+        runs = []
+        for rep, (tray_s, glibc_s) in enumerate([(1.0, 4.0), (3.0, 5.0), (2.0, 4.0)]):
+            runs.append(Run("larson", "traymalloc", rep, seconds=tray_s, cpu_seconds=2 * tray_s,
+                            peak_rss_kb=10240))
+            runs.append(Run("larson", "glibc", rep, seconds=glibc_s, cpu_seconds=glibc_s,
+                            peak_rss_kb=5120))
+            live = {"peak_live_kb": "4096"}
+            runs.append(Run("fragmentation", "traymalloc", rep, seconds=0.5, cpu_seconds=0.5,
+                            peak_rss_kb=8192, fields=live))
+            runs.append(Run("fragmentation", "glibc", rep, seconds=0.25, cpu_seconds=0.25,
+                            peak_rss_kb=16384, fields=live))
+        runs.append(Run("fragmentation", "glibc", 3, error="exit 1: check failed"))
+        self.summary = self.runner.summarize(runs, ["larson", "fragmentation"],
+                                             ["traymalloc", "glibc"], "traymalloc")
+        meta = {"description": [("Command", "`test`")], "failures": ["fragmentation failed"]}
+        self.markdown = self.runner.render_markdown(self.summary, ["traymalloc", "glibc"],
+                                                    "traymalloc", meta)
+
+    def test_medians_and_ratios(self):
+        larson = self.summary["larson"]
+        self.assertEqual(larson["traymalloc"]["median_seconds"], 2.0)
+        self.assertEqual(larson["glibc"]["median_seconds"], 4.0)
+        self.assertAlmostEqual(larson["glibc"]["seconds_ratio"], 2.0)
+        self.assertAlmostEqual(larson["glibc"]["rss_ratio"], 0.5)
+
+    def test_time_and_rss_tables(self):
+        time_rows = table_rows(self.markdown, "## Wall time")
+        self.assertEqual(time_rows[0], ["larson", "2.000 s", "4.000 s (2.00×)"])
+        cpu_rows = table_rows(self.markdown, "## CPU time")
+        self.assertEqual(cpu_rows[0], ["larson", "4.000 s", "4.000 s (1.00×)"])
+        rss_rows = table_rows(self.markdown, "## Peak RSS")
+        self.assertEqual(rss_rows[0], ["larson", "10.0 MiB", "5.0 MiB (0.50×)"])
+
+    def test_a_failed_run_fails_its_cell(self):
+        self.assertEqual(self.summary["fragmentation"]["glibc"], {"failed": 1})
+        self.assertEqual(table_rows(self.markdown, "## Wall time")[1],
+                         ["fragmentation", "0.500 s", "failed"])
+        self.assertIn("## Failed runs", self.markdown)
+
+    def test_fragmentation_ratio(self):
+        rows = table_rows(self.markdown, "## fragmentation: peak RSS / peak live bytes")
+        self.assertEqual(rows, [["traymalloc", "4.0 MiB", "8.0 MiB", "2.00"]])
+
+
+class TinyRun(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.out_dir = WORK_DIR / "tiny"
+        cls.result = run_runner(cls.out_dir, "--allocators", "traymalloc,glibc",
+                                "--reps", "2", "--scale", "0.01")
+        cls.workloads = sorted(p.name for p in (BUILD_DIR / "bench" / "workloads").iterdir()
+                               if p.is_file() and os.access(p, os.X_OK))
+
+    def test_runner_succeeds_with_progress(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr)
+        expected_runs = 2 * 2 * len(self.workloads)
+        self.assertIn(f"[{expected_runs:4}/{expected_runs}]", self.result.stderr)
+
+    def test_json_has_every_run_checked(self):
+        results = json.loads((self.out_dir / "results.json").read_text())
+        self.assertEqual(len(results["runs"]), 2 * 2 * len(self.workloads))
+        for run in results["runs"]:
+            self.assertIsNone(run["error"])
+            self.assertEqual(run["fields"]["check"], "ok")
+            self.assertEqual(run["fields"]["malloc"], run["allocator"])
+            self.assertGreater(run["peak_rss_kb"], 0)
+            self.assertGreater(run["cpu_seconds"], 0)
+        self.assertEqual(sorted(results["summary"]), self.workloads)
+
+    def test_markdown_matches_json(self):
+        results = json.loads((self.out_dir / "results.json").read_text())
+        markdown = (self.out_dir / "results.md").read_text()
+        rows = {row[0]: row[1:] for row in table_rows(markdown, "## Wall time")}
+        self.assertEqual(sorted(rows), self.workloads)
+        for workload, cells in results["summary"].items():
+            tray, glibc = cells["traymalloc"], cells["glibc"]
+            self.assertEqual(rows[workload][0], f"{tray['median_seconds']:.3f} s")
+            ratio = glibc["median_seconds"] / tray["median_seconds"]
+            self.assertEqual(rows[workload][1], f"{glibc['median_seconds']:.3f} s ({ratio:.2f}×)")
+
+    def test_chart_is_a_png_unless_explained(self):
+        markdown = (self.out_dir / "results.md").read_text()
+        if "Chart: not drawn" in markdown:
+            self.assertFalse((self.out_dir / "chart.png").exists())
+        else:
+            self.assertEqual((self.out_dir / "chart.png").read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
+
+
+@unittest.skipUnless(JEMALLOC.is_file(), "needs Debian's libjemalloc2")
+class WrongPreload(unittest.TestCase):
+    def test_a_run_under_the_wrong_malloc_fails(self):
+        out_dir = WORK_DIR / "wrong_preload"
+        result = run_runner(out_dir, "--allocators", "traymalloc", "--workloads", "particles",
+                            "--reps", "1", "--scale", "0.01", lib=JEMALLOC)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        markdown = (out_dir / "results.md").read_text()
+        self.assertIn("expected malloc traymalloc but jemalloc is in use", markdown)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
