@@ -42,7 +42,7 @@ TRAY_INLINE void* alloc(size_t size) noexcept {
 
 TRAY_INLINE void dealloc(void* p) noexcept {
   const uintptr_t chunk = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
-  if (TRAY_LIKELY(chunk < kChunkCount && g_chunk_map[chunk] == kChunkSegment)) {
+  if (TRAY_LIKELY(chunk < kChunkCount && chunk_map_load(chunk) == kChunkSegment)) {
     heap_free_small(unit_descriptor_of(reinterpret_cast<Segment*>(chunk << kSegmentShift), p), p);
     return;
   }

@@ -229,15 +229,12 @@ void fork_prepare() {
   large_lock_for_fork();
   segment_lock_for_fork();
 }
-void fork_parent() {
-  segment_unlock_after_fork(false);
-  large_unlock_after_fork(false);
-  heap_unlock_after_fork(false);
-}
-void fork_child() {
-  segment_unlock_after_fork(true);
-  large_unlock_after_fork(true);
-  heap_unlock_after_fork(true);
+// The same in parent and child: the thread that forked holds the locks in both, and is the
+// child's only thread.
+void fork_release() {
+  segment_unlock_after_fork();
+  large_unlock_after_fork();
+  heap_unlock_after_fork();
 }
 
 // Once per process, outside every lock: both calls may allocate, which re-enters malloc
@@ -248,7 +245,7 @@ void process_setup() {
   if (g_process_ready.load(std::memory_order_relaxed)) return;
   if (os::thread_key_create(&g_exit_key, on_thread_exit) != 0)
     fatal("cannot create the thread-exit key (pthread_key_create failed)");
-  os::register_atfork(fork_prepare, fork_parent, fork_child);
+  os::register_atfork(fork_prepare, fork_release, fork_release);
   g_process_ready.store(true, std::memory_order_release);
 }
 
@@ -367,15 +364,9 @@ bool heap_trim() {
 
 void heap_lock_for_fork() { g_heaps_lock.lock(); }
 
-void heap_unlock_after_fork(bool in_child) {
-  if (!in_child) {
-    g_heaps_lock.unlock();
-    return;
-  }
-  // Threads other than the forking one do not exist in the child. Their heaps may have been
-  // caught halfway through a fast-path update, so they are never parked or handed out again:
-  // their pages stay allocated, and freeing their blocks still works, as remote frees.
-  g_heaps_lock.reset_in_child();
-}
+// In the child, threads other than the forking one do not exist. Their heaps may have been
+// caught halfway through a fast-path update, so they are left as they are, never parked or
+// handed out again: their pages stay allocated, and freeing their blocks works (remote frees).
+void heap_unlock_after_fork() { g_heaps_lock.unlock(); }
 
 }  // namespace tray

@@ -38,7 +38,7 @@ void heap_detach_thread(Heap* heap);
 bool heap_trim();
 // fork(): the heaps lock, and in the child, heaps of threads that do not exist there.
 void heap_lock_for_fork();
-void heap_unlock_after_fork(bool in_child);
+void heap_unlock_after_fork();
 
 TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept {
   block->next = page->free;

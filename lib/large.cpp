@@ -1,5 +1,6 @@
 #include "large.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/assert.hpp"
@@ -16,22 +17,23 @@ namespace {
 os::Mutex g_cache_lock;
 LargeHeader* g_cache[kLargeCacheCount];
 size_t g_cache_used = 0;
-size_t g_cache_bytes = 0;
+size_t g_cache_bytes = 0;  // bytes the cached mappings may hold resident (their dirty_bytes)
 
 char* base_of(const LargeHeader* header) {
   return reinterpret_cast<char*>(const_cast<LargeHeader*>(header));
 }
 
 void unmap_mapping(LargeHeader* header) {
-  const size_t bytes = header->map_bytes;
+  const size_t bytes = header->reserve_bytes;
+  const size_t resident = header->dirty_bytes;
   chunk_map_clear(header, bytes);
   os::unmap(header, bytes);
   count_sub(g_totals.bytes_mapped, bytes);
-  count_add(g_totals.bytes_purged, bytes);
+  count_add(g_totals.bytes_purged, resident);
 }
 
 void cache_remove_at(size_t i) {
-  g_cache_bytes -= g_cache[i]->map_bytes;
+  g_cache_bytes -= g_cache[i]->dirty_bytes;
   g_cache[i] = g_cache[--g_cache_used];
 }
 
@@ -50,8 +52,9 @@ size_t cache_take_expired(uint64_t now, LargeHeader** out) {
   return count;
 }
 
-// Best fit among cached mappings that waste at most 1/kLargeCacheFitRatio of themselves.
-LargeHeader* cache_take(size_t map_bytes) {
+// A cached mapping that can hold `used_bytes` and whose touched part is not much larger (so
+// reusing it does not keep much more memory resident than asked for); the smallest such.
+LargeHeader* cache_take(size_t used_bytes) {
   LargeHeader* expired[kLargeCacheCount];
   size_t expired_count;
   LargeHeader* best = nullptr;
@@ -60,9 +63,10 @@ LargeHeader* cache_take(size_t map_bytes) {
     expired_count = cache_take_expired(os::now_ms(), expired);
     size_t best_index = 0;
     for (size_t i = 0; i < g_cache_used; ++i) {
-      const size_t have = g_cache[i]->map_bytes;
-      if (have < map_bytes || have - map_bytes > have / kLargeCacheFitRatio) continue;
-      if (best == nullptr || have < best->map_bytes) {
+      const LargeHeader* h = g_cache[i];
+      if (h->reserve_bytes < used_bytes) continue;
+      if (h->dirty_bytes > used_bytes + used_bytes / kLargeCacheFitRatio) continue;
+      if (best == nullptr || h->reserve_bytes < best->reserve_bytes) {
         best = g_cache[i];
         best_index = i;
       }
@@ -74,13 +78,13 @@ LargeHeader* cache_take(size_t map_bytes) {
 }
 
 bool cache_put(LargeHeader* header) {
-  if (header->map_bytes > kLargeCacheLimitBytes / 2) return false;  // one block may not flush all
+  if (header->dirty_bytes > kLargeCacheLimitBytes / 2) return false;  // one block may not flush all
   header->cached_ms = os::now_ms();
   os::LockGuard guard(g_cache_lock);
-  if (g_cache_used == kLargeCacheCount || g_cache_bytes + header->map_bytes > kLargeCacheLimitBytes)
+  if (g_cache_used == kLargeCacheCount || g_cache_bytes + header->dirty_bytes > kLargeCacheLimitBytes)
     return false;
   g_cache[g_cache_used++] = header;
-  g_cache_bytes += header->map_bytes;
+  g_cache_bytes += header->dirty_bytes;
   return true;
 }
 
@@ -92,21 +96,27 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   // The header sits at the mapping's start; the block starts at the first suitably aligned
   // address after it (for alignments of a segment or more, the mapping itself is aligned so).
   const size_t offset = alignment <= kLargeHeaderBytes ? kLargeHeaderBytes : alignment;
-  const size_t map_bytes = align_up(offset + size, os::page_size());
+  const size_t used_bytes = align_up(offset + size, os::page_size());
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
-  LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(map_bytes) : nullptr;
-  const bool fresh = header == nullptr;
-  if (fresh) {
-    header = static_cast<LargeHeader*>(os::map_aligned(map_bytes, map_alignment));
+  LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(used_bytes) : nullptr;
+  if (header != nullptr) {
+    // Reused: only what it touched before can hold old data; the rest still reads as zero.
+    if (zero && header->dirty_bytes > offset)
+      std::memset(base_of(header) + offset, 0, std::min(size, header->dirty_bytes - offset));
+    header->dirty_bytes = std::max(header->dirty_bytes, used_bytes);
+  } else {
+    const size_t reserve_bytes = align_up(used_bytes, kSegmentBytes);
+    header = static_cast<LargeHeader*>(os::map_aligned(reserve_bytes, map_alignment));
     if (header == nullptr) return nullptr;
     header->magic = kLargeMagic;
-    header->map_bytes = map_bytes;
-    chunk_map_set(header, map_bytes, true);
-    count_add(g_totals.bytes_mapped, map_bytes);
+    header->reserve_bytes = reserve_bytes;
+    header->dirty_bytes = used_bytes;
+    chunk_map_set(header, reserve_bytes, true);
+    count_add(g_totals.bytes_mapped, reserve_bytes);
   }
+  header->used_bytes = used_bytes;
   header->alignment = alignment;
   header->user = base_of(header) + offset;
-  if (zero && !fresh) std::memset(header->user, 0, size);  // fresh mappings read as zero
   count_add(g_totals.large_allocations, 1);
   count_add(g_totals.bytes_large, large_usable_size(header));
   return header->user;
@@ -118,12 +128,11 @@ LargeHeader* large_mapping_of(const void* p, uint8_t chunk_kind) {
   auto* header =
       reinterpret_cast<LargeHeader*>(chunk - size_t(chunk_kind - kChunkLarge) * kSegmentBytes);
   TRAY_CHECK(header->magic == kLargeMagic);
-  if (static_cast<const char*>(p) >= base_of(header) + header->map_bytes) return nullptr;
   return header;
 }
 
 size_t large_usable_size(const LargeHeader* header) {
-  return size_t(base_of(header) + header->map_bytes - static_cast<char*>(header->user));
+  return size_t(base_of(header) + header->used_bytes - static_cast<char*>(header->user));
 }
 
 void large_free(LargeHeader* header) {
@@ -135,34 +144,42 @@ void large_free(LargeHeader* header) {
 void* large_resize(LargeHeader* header, size_t new_size) {
   if (new_size > kMaxRequestBytes) return nullptr;
   const size_t offset = size_t(static_cast<char*>(header->user) - base_of(header));
-  const size_t old_bytes = header->map_bytes;
-  const size_t new_bytes = align_up(offset + new_size, os::page_size());
+  const size_t old_used = header->used_bytes;
+  const size_t new_used = align_up(offset + new_size, os::page_size());
   const size_t old_usable = large_usable_size(header);
-  if (new_bytes <= old_bytes) {
-    // Shrinking keeps the block where it is; the tail goes back only when it is most of it.
-    if (new_bytes > old_bytes / 2 || !os::remap_in_place(header, old_bytes, new_bytes))
-      return header->user;
-    const size_t keep = align_up(new_bytes, kSegmentBytes);
-    if (keep < align_up(old_bytes, kSegmentBytes))
-      chunk_map_clear(base_of(header) + keep, align_up(old_bytes, kSegmentBytes) - keep);
-  } else if (os::remap_in_place(header, old_bytes, new_bytes)) {
-    chunk_map_set(header, new_bytes, true);
-  } else {
-    const size_t alignment = header->alignment > kSegmentBytes ? header->alignment : kSegmentBytes;
-    void* target = os::reserve_aligned(new_bytes, alignment);
-    if (target == nullptr) return nullptr;
-    if (!os::remap_to(header, old_bytes, new_bytes, target)) {
-      os::unmap(target, new_bytes);
-      return nullptr;
+  const size_t old_reserve = header->reserve_bytes;
+  if (new_used <= old_reserve) {
+    // Inside the reservation: no system call to grow. A tail that shrinking leaves behind goes
+    // back to the OS when it is most of the block.
+    if (new_used <= old_used / 2) {
+      os::purge(base_of(header) + new_used, header->dirty_bytes - new_used);
+      count_add(g_totals.bytes_purged, header->dirty_bytes - new_used);
+      header->dirty_bytes = new_used;
     }
-    chunk_map_clear(header, old_bytes);
-    header = static_cast<LargeHeader*>(target);
-    header->user = base_of(header) + offset;
-    chunk_map_set(header, new_bytes, true);
+  } else {
+    const size_t new_reserve = align_up(new_used, kSegmentBytes);
+    if (os::remap_in_place(header, old_reserve, new_reserve)) {
+      chunk_map_set(header, new_reserve, true);
+    } else {
+      // Move the pages, not the bytes: mremap onto a fresh aligned reservation.
+      const size_t alignment = header->alignment > kSegmentBytes ? header->alignment : kSegmentBytes;
+      void* target = os::reserve_aligned(new_reserve, alignment);
+      if (target == nullptr) return nullptr;
+      if (!os::remap_to(header, old_reserve, new_reserve, target)) {
+        os::unmap(target, new_reserve);
+        return nullptr;
+      }
+      chunk_map_clear(header, old_reserve);
+      header = static_cast<LargeHeader*>(target);
+      header->user = base_of(header) + offset;
+      chunk_map_set(header, new_reserve, true);
+    }
+    header->reserve_bytes = new_reserve;
+    count_add(g_totals.bytes_mapped, new_reserve);
+    count_sub(g_totals.bytes_mapped, old_reserve);
   }
-  header->map_bytes = new_bytes;
-  count_add(g_totals.bytes_mapped, new_bytes);
-  count_sub(g_totals.bytes_mapped, old_bytes);
+  header->used_bytes = new_used;
+  header->dirty_bytes = std::max(header->dirty_bytes, new_used);
   count_add(g_totals.bytes_large, large_usable_size(header));
   count_sub(g_totals.bytes_large, old_usable);
   return header->user;
@@ -184,9 +201,6 @@ bool large_trim() {
 
 void large_lock_for_fork() { g_cache_lock.lock(); }
 
-void large_unlock_after_fork(bool in_child) {
-  if (in_child) g_cache_lock.reset_in_child();
-  else g_cache_lock.unlock();
-}
+void large_unlock_after_fork() { g_cache_lock.unlock(); }
 
 }  // namespace tray

@@ -15,7 +15,7 @@ namespace tray {
 // nullptr when the OS refuses (errno is left to the caller).
 void* large_alloc(size_t size, size_t alignment, bool zero);
 // The header of the large mapping that p lies in (chunk kind from the chunk map), or nullptr
-// if p is past the end of it (the rest of its last chunk is not ours) or too deep inside it.
+// if p lies too deep inside it to say.
 LargeHeader* large_mapping_of(const void* p, uint8_t chunk_kind);
 size_t large_usable_size(const LargeHeader* header);
 void large_free(LargeHeader* header);
@@ -25,6 +25,6 @@ void* large_resize(LargeHeader* header, size_t new_size);
 bool large_trim();
 
 void large_lock_for_fork();
-void large_unlock_after_fork(bool in_child);
+void large_unlock_after_fork();
 
 }  // namespace tray

@@ -68,7 +68,8 @@ void segment_unmap(Segment* s) {
   os::unmap(s, kSegmentBytes);
   count_sub(g_totals.segments_mapped, 1);
   count_sub(g_totals.bytes_mapped, kSegmentBytes);
-  count_add(g_totals.bytes_purged, kSegmentBytes);
+  // Only empty, purged segments are unmapped: of their memory, only the header was resident.
+  count_add(g_totals.bytes_purged, kUnitBytes);
 }
 
 void purge_dirty_units(Segment* s) {
@@ -136,14 +137,15 @@ void chunk_map_set(const void* base, size_t bytes, bool large) {
   for (size_t k = 0; k < count; ++k) {
     uint8_t value = kChunkSegment;
     if (large) value = k < size_t(kChunkLargeFar - kChunkLarge) ? uint8_t(kChunkLarge + k) : kChunkLargeFar;
-    g_chunk_map[first + k] = value;
+    __atomic_store_n(&g_chunk_map[first + k], value, __ATOMIC_RELAXED);
   }
 }
 
 void chunk_map_clear(const void* base, size_t bytes) {
   const uintptr_t first = reinterpret_cast<uintptr_t>(base) >> kSegmentShift;
   const size_t count = div_ceil(bytes, kSegmentBytes);
-  for (size_t k = 0; k < count; ++k) g_chunk_map[first + k] = kChunkForeign;
+  for (size_t k = 0; k < count; ++k)
+    __atomic_store_n(&g_chunk_map[first + k], kChunkForeign, __ATOMIC_RELAXED);
 }
 
 Page* segment_take_page(unsigned units) {
@@ -210,9 +212,6 @@ bool segment_trim() {
 
 void segment_lock_for_fork() { g_pool_lock.lock(); }
 
-void segment_unlock_after_fork(bool in_child) {
-  if (in_child) g_pool_lock.reset_in_child();
-  else g_pool_lock.unlock();
-}
+void segment_unlock_after_fork() { g_pool_lock.unlock(); }
 
 }  // namespace tray

@@ -23,20 +23,33 @@ inline constexpr uint8_t kChunkSegment = 1;
 inline constexpr uint8_t kChunkLarge = 2;      // 2 + k: the large header is k chunks back
 inline constexpr uint8_t kChunkLargeFar = 255; // deeper inside a large block than that
 
-// Plain bytes: an entry is written when we map or unmap there, and read when freeing a pointer
-// into that memory, which the program could only have been handed after the mapping.
+// Every chunk marked as ours is ours to its last byte (large mappings span whole chunks), so an
+// entry changes only when we map or unmap that chunk. It is read when freeing a pointer into
+// the chunk, which the program could only have been handed after the mapping: a plain load is
+// enough, and keeps the free fast path one instruction shorter. Writes are relaxed atomics:
+// one thread may clear an entry just before munmap while another sets it after the next mmap
+// returned the same range, an ordering only the kernel provides. ThreadSanitizer cannot see
+// that ordering either, so its builds read atomically too.
 extern uint8_t g_chunk_map[kChunkCount];
+
+TRAY_INLINE uint8_t chunk_map_load(size_t index) {
+#if defined(TRAY_TSAN)
+  return __atomic_load_n(&g_chunk_map[index], __ATOMIC_RELAXED);
+#else
+  return g_chunk_map[index];
+#endif
+}
 
 TRAY_INLINE uint8_t chunk_kind(const void* p) {
   const uintptr_t index = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
   if (TRAY_UNLIKELY(index >= kChunkCount)) return kChunkForeign;
-  return g_chunk_map[index];
+  return chunk_map_load(index);
 }
 
 // True when p lies in a segment: the free fast path's only test of a pointer's origin.
 TRAY_INLINE bool in_segment(const void* p) {
   const uintptr_t index = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
-  return index < kChunkCount && g_chunk_map[index] == kChunkSegment;
+  return index < kChunkCount && chunk_map_load(index) == kChunkSegment;
 }
 
 void chunk_map_set(const void* base, size_t bytes, bool large);
@@ -76,6 +89,6 @@ bool segment_trim();
 
 // The pool lock, for fork handlers.
 void segment_lock_for_fork();
-void segment_unlock_after_fork(bool in_child);
+void segment_unlock_after_fork();
 
 }  // namespace tray

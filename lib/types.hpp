@@ -94,11 +94,15 @@ struct Heap {
 inline constexpr uint32_t kLargeMagic = 0x4C415247;  // "LARG"
 inline constexpr size_t kLargeHeaderBytes = 64;      // keeps large blocks 64-byte aligned
 
-// In front of every large block, at the start of its (segment-aligned) mapping.
+// In front of every large block, at the start of its mapping. The mapping spans whole chunks
+// (segment-aligned, segment-sized pieces of address space) so that no memory but ours shares a
+// chunk with it: what the chunk map says about a chunk is true of every byte in it.
 struct LargeHeader {
   uint32_t magic;
   void* user;           // the block handed out; nullptr while the mapping sits in the cache
-  size_t map_bytes;     // length of the mapping
+  size_t used_bytes;    // from the header to the end of the usable block (whole OS pages)
+  size_t reserve_bytes; // length of the mapping: used_bytes rounded up to whole chunks
+  size_t dirty_bytes;   // from the header to the end of what was ever touched and not purged
   size_t alignment;     // alignment the block was asked with (kept across realloc)
   uint64_t cached_ms;   // when it entered the cache
 };

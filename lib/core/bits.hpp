@@ -11,6 +11,14 @@
 #define TRAY_NOINLINE __attribute__((noinline))
 #define TRAY_COLD __attribute__((noinline, cold))
 
+#if defined(__SANITIZE_THREAD__)
+#define TRAY_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TRAY_TSAN 1
+#endif
+#endif
+
 namespace tray {
 
 constexpr bool is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }

@@ -7,6 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
+
 #include "core/bits.hpp"
 
 namespace tray::os {
@@ -71,9 +73,13 @@ bool remap_to(void* p, size_t old_bytes, size_t new_bytes, void* target) {
 }
 
 size_t page_size() {
-  static size_t cached = 0;
-  if (TRAY_UNLIKELY(cached == 0)) cached = size_t(sysconf(_SC_PAGESIZE));
-  return cached;
+  static std::atomic<size_t> cached{0};  // threads may race to fill it, with the same value
+  size_t size = cached.load(std::memory_order_relaxed);
+  if (TRAY_UNLIKELY(size == 0)) {
+    size = size_t(sysconf(_SC_PAGESIZE));
+    cached.store(size, std::memory_order_relaxed);
+  }
+  return size;
 }
 
 uint64_t now_ms() {

@@ -46,8 +46,6 @@ class Mutex {
   Mutex& operator=(const Mutex&) = delete;
   void lock() { pthread_mutex_lock(&mutex_); }
   void unlock() { pthread_mutex_unlock(&mutex_); }
-  // After fork() the child has one thread: whatever the parent held is re-made unlocked.
-  void reset_in_child() { pthread_mutex_init(&mutex_, nullptr); }
 
  private:
   pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;

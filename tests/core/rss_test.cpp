@@ -1,0 +1,126 @@
+// Memory return: after a burst of allocations is freed, resident memory must come back close
+// to where it was, on its own for small blocks and after tray_trim for everything.
+#include <sys/mman.h>
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstring>
+#include <new>
+
+#include "size_classes.hpp"
+#include "support.hpp"
+#include "traymalloc.h"
+
+namespace {
+
+using tray_test::kMiB;
+
+// Sanitizers add resident memory of their own, so under them the burst is smaller.
+constexpr size_t kSmallBurstBytes = tray_test::kSanitized ? 256 * kMiB : 1024 * kMiB;
+constexpr size_t kLargeBlockBytes = 16 * kMiB;
+constexpr size_t kLargeBlockCount = tray_test::kSanitized ? 16 : 64;
+
+// The burst's pointers live in a mapping of their own: outside the allocator under test, and
+// unmapped before the second reading so they do not count in it.
+class MappedPointers {
+ public:
+  explicit MappedPointers(size_t capacity) : capacity_(capacity) {
+    void* mapping = ::mmap(nullptr, bytes(), PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mapping == MAP_FAILED) throw std::bad_alloc();
+    slots_ = static_cast<void**>(mapping);
+  }
+  ~MappedPointers() { ::munmap(slots_, bytes()); }
+  MappedPointers(const MappedPointers&) = delete;
+  MappedPointers& operator=(const MappedPointers&) = delete;
+
+  size_t capacity() const { return capacity_; }
+  void*& operator[](size_t i) { return slots_[i]; }
+
+ private:
+  size_t bytes() const { return capacity_ * sizeof(void*); }
+  size_t capacity_;
+  void** slots_;
+};
+
+// First use of every class sets up metadata that stays for the life of the process: that
+// belongs in the baseline, not in what the burst leaves behind.
+void warm_up_every_class() {
+  for (unsigned c = 0; c < tray::kSizeClassCount; ++c) {
+    void* p = tray_malloc(tray::class_size(c));
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 1, tray::class_size(c));
+    tray_free(p);
+  }
+}
+
+// Allocates about `total_bytes` of blocks of 16..1024 B, writing every byte, then frees them
+// in two passes (even slots first), so pages go from full to half-used before they empty.
+void small_block_burst(size_t total_bytes) {
+  MappedPointers blocks(total_bytes / 16);
+  tray_test::Rng rng(total_bytes);
+  size_t count = 0;
+  for (size_t allocated = 0; allocated < total_bytes && count < blocks.capacity(); ++count) {
+    const size_t size = rng.between(16, 1024);
+    void* p = tray_malloc(size);
+    ASSERT_NE(p, nullptr) << "after " << allocated << " bytes";
+    std::memset(p, int(count), size);
+    blocks[count] = p;
+    allocated += size;
+  }
+  for (size_t first = 0; first < 2; ++first)
+    for (size_t i = first; i < count; i += 2) tray_free(blocks[i]);
+}
+
+TEST(Rss, SmallBlocksAreReturnedWithoutTrim) {
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const size_t before = tray_test::resident_bytes();
+  ASSERT_NO_FATAL_FAILURE(small_block_burst(kSmallBurstBytes));
+  const size_t after = tray_test::resident_bytes();
+
+  const tray_totals totals = tray_test::totals_now();
+  EXPECT_GE(totals.bytes_purged, kSmallBurstBytes / 2) << "freed pages were not given back";
+  if (tray_test::kResidentBoundsHold) {
+    EXPECT_LE(after, before + tray_test::rss_slack(before))
+        << "resident before " << before / kMiB << " MiB, after " << after / kMiB << " MiB";
+  }
+}
+
+// A second burst reuses the memory of the first; tray_trim then gives back what is still
+// held, including pages freed too recently to have been purged yet.
+TEST(Rss, SmallBlocksAreReturnedByTrim) {
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const size_t before = tray_test::resident_bytes();
+  ASSERT_NO_FATAL_FAILURE(small_block_burst(kSmallBurstBytes));
+  ASSERT_NO_FATAL_FAILURE(small_block_burst(kSmallBurstBytes));
+  EXPECT_EQ(tray_trim(), 1);
+  const size_t after = tray_test::resident_bytes();
+  if (tray_test::kResidentBoundsHold) {
+    EXPECT_LE(after, before + tray_test::rss_slack(before))
+        << "resident before " << before / kMiB << " MiB, after " << after / kMiB << " MiB";
+  }
+}
+
+TEST(Rss, LargeBlocksAreReturnedByTrim) {
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const size_t large_bytes_before = tray_test::totals_now().bytes_large;
+  const size_t before = tray_test::resident_bytes();
+  void* blocks[kLargeBlockCount];
+  for (void*& p : blocks) {
+    p = tray_malloc(kLargeBlockBytes);
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 0x77, kLargeBlockBytes);
+  }
+  for (void* p : blocks) tray_free(p);
+  tray_trim();
+  const size_t after = tray_test::resident_bytes();
+
+  EXPECT_EQ(tray_test::totals_now().bytes_large, large_bytes_before);
+  if (tray_test::kResidentBoundsHold) {
+    EXPECT_LE(after, before + tray_test::rss_slack(before))
+        << "resident before " << before / kMiB << " MiB, after " << after / kMiB << " MiB";
+  }
+}
+
+}  // namespace

@@ -1,0 +1,76 @@
+// The size-class table and the size -> class mapping, checked for every small request size.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+
+#include "core/config.hpp"
+#include "size_classes.hpp"
+
+namespace tray {
+namespace {
+
+TEST(SizeClasses, TableHasTheDocumentedShape) {
+  EXPECT_EQ(kSizeClassCount, 49u);
+  EXPECT_EQ(class_size(0), 8u);
+  EXPECT_EQ(class_size(1), 16u);
+  EXPECT_EQ(class_size(8), 128u);
+  EXPECT_EQ(class_size(9), 160u);  // first geometric class: 5/4 of 128
+  EXPECT_EQ(class_size(kSizeClassCount - 1), kMaxSmallBytes);
+}
+
+TEST(SizeClasses, BlockSizesIncreaseAndKeepSixteenByteAlignment) {
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    SCOPED_TRACE(testing::Message() << "class " << c << " (" << class_size(c) << " B)");
+    if (c > 0) {
+      EXPECT_GT(class_size(c), class_size(c - 1));
+    }
+    if (class_size(c) >= 16) {
+      EXPECT_EQ(class_size(c) % 16, 0u);
+    }
+  }
+}
+
+TEST(SizeClasses, EverySmallSizeMapsToTheSmallestClassThatFitsIt) {
+  unsigned previous_class = 0;
+  for (size_t size = 0; size <= kMaxSmallBytes; ++size) {
+    const unsigned c = size_class_of(size);
+    ASSERT_LT(c, kSizeClassCount) << "size " << size;
+    ASSERT_GE(class_size(c), size) << "size " << size << " class " << c;
+    if (c > 0) {
+      ASSERT_LT(class_size(c - 1), size) << "size " << size << " class " << c;
+    }
+    ASSERT_GE(c, previous_class) << "size " << size;
+    previous_class = c;
+  }
+  EXPECT_EQ(previous_class, kSizeClassCount - 1);
+}
+
+TEST(SizeClasses, WasteOfEveryRequestIsBounded) {
+  for (size_t size = 0; size <= kMaxSmallBytes; ++size) {
+    const size_t block = class_size(size_class_of(size));
+    const size_t waste = block - size;
+    if (size <= 8) {
+      ASSERT_EQ(block, 8u) << "size " << size;
+    } else if (size <= 128) {
+      ASSERT_LT(waste, 16u) << "size " << size;
+    } else {
+      ASSERT_LE(waste * 5, block) << "size " << size << " block " << block;  // <= 20%
+    }
+  }
+}
+
+TEST(SizeClasses, SlabsHoldEnoughBlocksAndWasteLittleAtTheirEnd) {
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    SCOPED_TRACE(testing::Message() << "class " << c << " (" << class_size(c) << " B)");
+    const size_t slab = class_slab_bytes(c);
+    EXPECT_EQ(slab, size_t{class_slab_units(c)} * kUnitBytes);
+    EXPECT_GE(class_slab_units(c), 1u);
+    EXPECT_LT(class_slab_units(c), kUnitsPerSegment);  // unit 0 of a segment is its header
+    EXPECT_EQ(class_blocks_per_page(c), slab / class_size(c));
+    EXPECT_GE(class_blocks_per_page(c), 8u);
+    EXPECT_LE(slab - size_t{class_blocks_per_page(c)} * class_size(c), slab / 8);
+  }
+}
+
+}  // namespace
+}  // namespace tray

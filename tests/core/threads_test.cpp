@@ -1,0 +1,203 @@
+// Threads: a stress run where blocks are freed by threads other than their allocator, large
+// mappings changing hands, and a churn of short-lived threads whose heaps and memory must be
+// reused.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/config.hpp"
+#include "support.hpp"
+#include "traymalloc.h"
+
+namespace {
+
+using tray_test::Block;
+using tray_test::Rng;
+
+struct Problems {
+  std::atomic<size_t> corrupt_blocks{0};
+  std::atomic<size_t> failed_allocations{0};
+};
+
+// Every block is filled from its address when allocated and checked just before it is freed,
+// by whichever thread frees it.
+Block allocate_filled(size_t size, Problems& problems) {
+  const Block block = tray_test::allocate_filled(size);
+  if (block.ptr == nullptr) problems.failed_allocations.fetch_add(1, std::memory_order_relaxed);
+  return block;
+}
+
+void free_checked(const Block& block, Problems& problems) {
+  if (!tray_test::free_checked(block))
+    problems.corrupt_blocks.fetch_add(1, std::memory_order_relaxed);
+}
+
+Block take_random(std::vector<Block>& blocks, Rng& rng) {
+  const size_t index = rng.between(0, blocks.size() - 1);
+  const Block block = blocks[index];
+  blocks[index] = blocks.back();
+  blocks.pop_back();
+  return block;
+}
+
+// Blocks that other threads handed to one thread for freeing.
+class Mailbox {
+ public:
+  void post(const Block& block) {
+    std::lock_guard lock(mutex_);
+    blocks_.push_back(block);
+  }
+  std::vector<Block> take_all() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(blocks_, {});
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Block> blocks_;
+};
+
+struct StressShared {
+  explicit StressShared(unsigned threads) : mailboxes(threads) {}
+  std::vector<Mailbox> mailboxes;
+  Problems problems;
+  std::atomic<size_t> blocks_posted{0};
+};
+
+constexpr size_t kLiveLimit = 512;     // blocks a stress thread holds before retiring half
+constexpr size_t kMailboxPeriod = 64;  // allocations between two looks at the mailbox
+
+void stress_thread(unsigned self, size_t allocations, StressShared& shared) {
+  Rng rng(self * 7919 + 1);
+  const size_t thread_count = shared.mailboxes.size();
+  std::vector<Block> live;
+  live.reserve(kLiveLimit);
+  for (size_t i = 1; i <= allocations; ++i) {
+    const Block block = allocate_filled(tray_test::mixed_size(rng), shared.problems);
+    if (block.ptr != nullptr) live.push_back(block);
+    if (live.size() == kLiveLimit) {
+      // Random picks leave pages partly used, so pages keep moving between full and free.
+      while (live.size() > kLiveLimit / 2) {
+        const Block retired = take_random(live, rng);
+        if (rng.next() % 4 == 0) {
+          const size_t receiver = (self + 1 + rng.between(0, thread_count - 2)) % thread_count;
+          shared.mailboxes[receiver].post(retired);
+          shared.blocks_posted.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          free_checked(retired, shared.problems);
+        }
+      }
+    }
+    if (i % kMailboxPeriod == 0)
+      for (const Block& received : shared.mailboxes[self].take_all())
+        free_checked(received, shared.problems);
+  }
+  for (const Block& block : live) free_checked(block, shared.problems);
+}
+
+TEST(Threads, CrossThreadFreesUnderStress) {
+  constexpr unsigned kThreads = 4;
+  const size_t allocations_per_thread = tray_test::scaled(400000);
+  const size_t large_bytes_before = tray_test::totals_now().bytes_large;
+
+  StressShared shared(kThreads);
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < kThreads; ++t)
+    threads.emplace_back(stress_thread, t, allocations_per_thread, std::ref(shared));
+  for (std::thread& thread : threads) thread.join();
+  // What was posted after its receiver's last look is freed here, after its allocator exited.
+  for (Mailbox& mailbox : shared.mailboxes)
+    for (const Block& block : mailbox.take_all()) free_checked(block, shared.problems);
+
+  EXPECT_EQ(shared.problems.corrupt_blocks.load(), 0u);
+  EXPECT_EQ(shared.problems.failed_allocations.load(), 0u);
+  EXPECT_GT(shared.blocks_posted.load(), allocations_per_thread / 10);
+  EXPECT_EQ(tray_test::totals_now().bytes_large, large_bytes_before);
+}
+
+// Blocks too big for the large-block cache are mapped and unmapped on every call, so the
+// threads keep getting address ranges another thread has just given back. Only the ends of a
+// block are touched: filling it would prove nothing more.
+TEST(Threads, LargeMappingsMoveBetweenThreads) {
+  constexpr unsigned kThreads = 3;
+  constexpr size_t kBlockBytes = tray::kLargeCacheLimitBytes + 8 * tray_test::kMiB;
+  const size_t rounds = tray_test::scaled(2000);
+  std::atomic<size_t> failures{0};
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (size_t i = 0; i < rounds; ++i) {
+        const size_t size = kBlockBytes + i % 4096;
+        auto* bytes = static_cast<unsigned char*>(tray_malloc(size));
+        if (bytes == nullptr || tray_owns(bytes) != 1) {
+          failures.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
+        bytes[0] = 1;
+        bytes[size - 1] = 2;
+        tray_free(bytes);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0u);
+}
+
+constexpr size_t kBlocksPerChurnThread = 64;
+
+// Allocates, frees half of its blocks itself and hands the other half to the main thread,
+// which frees them after this thread is gone.
+void churn_thread(size_t index, std::vector<Block>& handed_over, Problems& problems) {
+  Rng rng(index + 1);
+  std::vector<Block> blocks;
+  for (size_t i = 0; i < kBlocksPerChurnThread; ++i) {
+    const Block block = allocate_filled(tray_test::mixed_size(rng), problems);
+    if (block.ptr != nullptr) blocks.push_back(block);
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 2 == 0) {
+      free_checked(blocks[i], problems);
+    } else {
+      handed_over.push_back(blocks[i]);
+    }
+  }
+}
+
+TEST(Threads, ShortLivedThreadsReuseHeapsAndMemory) {
+  constexpr size_t kConcurrent = 4;
+  const size_t thread_total = tray_test::scaled(3000);
+  const size_t heaps_before = tray_test::totals_now().heaps_created;
+  Problems problems;
+  size_t rss_after_first_third = 0;
+
+  for (size_t started = 0; started < thread_total; started += kConcurrent) {
+    std::array<std::vector<Block>, kConcurrent> handed_over;
+    std::vector<std::thread> batch;
+    for (size_t t = 0; t < kConcurrent; ++t)
+      batch.emplace_back(churn_thread, started + t, std::ref(handed_over[t]), std::ref(problems));
+    for (std::thread& thread : batch) thread.join();
+    for (const auto& blocks : handed_over)
+      for (const Block& block : blocks) free_checked(block, problems);
+    if (rss_after_first_third == 0 && started + kConcurrent >= thread_total / 3)
+      rss_after_first_third = tray_test::resident_bytes();
+  }
+  const size_t rss_at_end = tray_test::resident_bytes();
+
+  EXPECT_EQ(problems.corrupt_blocks.load(), 0u);
+  EXPECT_EQ(problems.failed_allocations.load(), 0u);
+  // A heap whose thread exited is taken over by the next thread: the batch size, plus the
+  // main thread's own heap, bounds how many were ever needed.
+  EXPECT_LE(tray_test::totals_now().heaps_created - heaps_before, kConcurrent + 2);
+  if (tray_test::kResidentBoundsHold) {
+    EXPECT_LE(rss_at_end, rss_after_first_third + tray_test::rss_slack(rss_after_first_third))
+        << "resident memory kept growing while threads came and went";
+  }
+}
+
+}  // namespace
