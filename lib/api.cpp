@@ -41,15 +41,13 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
 void free_slow(void* p) noexcept {
   if (p == nullptr) return;
   const uint8_t kind = chunk_kind(p);
-  if (kind != kChunkForeign) {
-    LargeHeader* header = large_mapping_of(p, kind);
-    if (header != nullptr || kind == kChunkLargeFar) {
-      if (header != nullptr && header->user == p) large_free(header);
-      else count_add(g_totals.foreign_frees, 1);  // inside our memory, not a block: dropped
-      return;
-    }
+  if (kind == kChunkForeign) {
+    free_foreign(p);
+    return;
   }
-  free_foreign(p);
+  LargeHeader* header = large_mapping_of(p, kind);
+  if (header != nullptr && header->user == p) large_free(header);
+  else count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
 }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {
@@ -88,18 +86,15 @@ void* reallocate(void* p, size_t size) noexcept {
   }
   const uint8_t kind = chunk_kind(p);
   size_t old_usable;
-  LargeHeader* header = nullptr;
   if (kind == kChunkSegment) {
     old_usable = page_of(segment_of(p), p)->block_bytes;
     if (old_usable == 0) return out_of_memory();  // not a block: leave it alone
     if (size <= old_usable && size >= old_usable / 2) return p;
+  } else if (kind == kChunkForeign) {
+    return g_foreign.realloc != nullptr ? g_foreign.realloc(p, size) : out_of_memory();
   } else {
-    header = kind == kChunkForeign ? nullptr : large_mapping_of(p, kind);
-    if (header == nullptr && kind == kChunkForeign) {
-      if (g_foreign.realloc != nullptr) return g_foreign.realloc(p, size);
-      return out_of_memory();
-    }
-    if (header == nullptr || header->user != p) return out_of_memory();
+    LargeHeader* header = large_mapping_of(p, kind);
+    if (header == nullptr || header->user != p) return out_of_memory();  // not a block
     old_usable = large_usable_size(header);
     // Large stays large (resized in place or moved by the kernel) unless it shrinks into the
     // small classes for good.
@@ -191,11 +186,9 @@ TRAY_EXPORT void* tray_memalign(size_t alignment, size_t size) {
 
 TRAY_EXPORT size_t tray_usable_size(const void* ptr) { return usable_size(ptr); }
 
-TRAY_EXPORT int tray_owns(const void* ptr) {
-  const uint8_t kind = chunk_kind(ptr);
-  if (kind == kChunkForeign) return 0;
-  return kind == kChunkSegment || kind == kChunkLargeFar || large_mapping_of(ptr, kind) != nullptr;
-}
+// Every chunk the map marks is ours to its last byte (segments, and large mappings that span
+// whole chunks).
+TRAY_EXPORT int tray_owns(const void* ptr) { return chunk_kind(ptr) != kChunkForeign; }
 
 TRAY_EXPORT int tray_trim(void) { return trim_all() ? 1 : 0; }
 

@@ -54,10 +54,9 @@ void queue_changed(Heap* heap, unsigned c) {
   heap->direct[c] = head;
 }
 
-
 // Blocks of the page that are live or in the heap's remote list.
 uint32_t live_blocks(const Heap* heap, const Page* page) {
-  if (page->floating) return page->reserved;
+  TRAY_ASSERT(!page->floating);  // queued pages only
   return page->used - (heap->direct[page->size_class] == page ? 1 : 0);
 }
 
@@ -132,16 +131,14 @@ void drain_remote(Heap* heap) {
   }
 }
 
-// Returns every page that holds no live block. keep_direct keeps the page each class
-// allocates from, so a thread that frees its last block and allocates again does not hand a
-// page to the pool and take it back each time.
-bool release_empty_pages(Heap* heap, bool keep_direct) {
+// Returns every page of the heap that holds no live block (after taking in remote frees).
+bool release_empty_pages(Heap* heap) {
   drain_remote(heap);
   bool released = false;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     for (Page* page = heap->queues[c].head; page != nullptr;) {
       Page* next = page->next;
-      if (live_blocks(heap, page) == 0 && !(keep_direct && page == heap->direct[c])) {
+      if (live_blocks(heap, page) == 0) {
         release_page(heap, page);
         released = true;
       }
@@ -165,7 +162,7 @@ bool collect_parked(bool every_heap) {
   Heap* last = taken;
   for (Heap* heap = taken; heap != nullptr; heap = heap->next_abandoned) {
     if (every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr)
-      released |= release_empty_pages(heap, false);
+      released |= release_empty_pages(heap);
     last = heap;
   }
   os::LockGuard guard(g_heaps_lock);
@@ -298,7 +295,7 @@ void heap_free_remote(Block* block) noexcept {
     owner = page->heap;
     if (TRAY_UNLIKELY(owner == nullptr)) {
       // Inside a segment but in no page: a stale or made-up pointer. Dropping it keeps the
-      // pools intact; debug mode turns this into a report.
+      // pools intact.
       count_add(g_totals.foreign_frees, 1);
       return;
     }
@@ -344,7 +341,7 @@ Heap* heap_attach_thread() {
 
 void heap_detach_thread(Heap* heap) {
   flush_outgoing(heap);
-  release_empty_pages(heap, false);
+  release_empty_pages(heap);
   if (tls_heap == heap) tls_heap = &g_empty_heap;
   os::LockGuard guard(g_heaps_lock);
   heap->next_abandoned = g_parked;
@@ -356,7 +353,7 @@ bool heap_trim() {
   bool released = false;
   if (tls_heap != &g_empty_heap) {
     flush_outgoing(tls_heap);
-    released |= release_empty_pages(tls_heap, false);
+    released |= release_empty_pages(tls_heap);
   }
   released |= collect_parked(true);
   return released;
