@@ -98,15 +98,20 @@ void retire_if_empty(Segment* s) {
   }
 }
 
-// Dirty units go back to the OS once they have been free for kPurgeDelayMs, or at once
-// (oldest first is not tracked: all of them) when more than kDirtyLimitBytes pile up.
+// Dirty units go back to the OS once they have been free for kPurgeDelayMs. When more than
+// kDirtyLimitBytes pile up sooner, segments are purged until half the limit is left: enough
+// to bound the resident size, while the most recently freed units stay for quick reuse (a
+// program whose working set swings by more than the limit would otherwise fault in every
+// page it frees). force (trim) purges everything.
 void purge_locked(uint64_t now, bool force) {
   const bool over_limit = g_dirty_bytes > kDirtyLimitBytes;
   if (!force && !over_limit && now - g_last_purge_ms < kPurgeDelayMs) return;
   g_last_purge_ms = now;
   for (Segment* s = g_partial; s != nullptr;) {
     Segment* next = s->next;
-    if (s->dirty_units != 0 && (force || over_limit || now - s->dirty_since_ms >= kPurgeDelayMs))
+    const bool expired = now - s->dirty_since_ms >= kPurgeDelayMs;
+    const bool still_over = g_dirty_bytes > kDirtyLimitBytes / 2;
+    if (s->dirty_units != 0 && (force || expired || (over_limit && still_over)))
       purge_dirty_units(s);
     retire_if_empty(s);
     s = next;
