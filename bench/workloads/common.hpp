@@ -135,6 +135,13 @@ inline long peak_rss_kb() {
   return kb;
 }
 
+// A block a workload owns, with the tag its stamp was made from.
+struct StampedBlock {
+  void* ptr;
+  size_t bytes;
+  uint64_t tag;
+};
+
 // --- block stamps --------------------------------------------------------------------------
 // A block gets its tag in its first 8 bytes, a derived word at every 4 KiB step (so each page
 // of a large block is written, hence resident, and a page lost by realloc is noticed) and the

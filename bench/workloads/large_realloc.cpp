@@ -25,11 +25,7 @@ constexpr size_t kLargeBlocksPerRound = 16;
 constexpr size_t kLargeMinBytes = size_t{256} << 10;
 constexpr size_t kLargeMaxBytes = size_t{16} << 20;
 
-struct Block {
-  void* ptr;
-  size_t bytes;
-  uint64_t tag;
-};
+using Block = workload::StampedBlock;
 
 uint64_t grow_buffer(workload::Rng& rng, uint64_t round, workload::CheckCounter& checks) {
   const uint64_t tag = workload::block_tag(round, 0);

@@ -22,11 +22,7 @@ constexpr unsigned kBlocksPerThread = 200;
 constexpr size_t kMinBytes = 16;
 constexpr size_t kMaxBytes = 2048;
 
-struct Block {
-  void* ptr;
-  size_t bytes;
-  uint64_t tag;
-};
+using Block = workload::StampedBlock;
 
 // Runs in the short-lived thread; the blocks it leaves in `inherited` outlive it.
 void short_job(uint64_t job, std::vector<Block>& inherited, workload::CheckCounter& checks) {

@@ -26,11 +26,7 @@ constexpr size_t kMaxBytes = 512;
 constexpr size_t kHandoffBlocks = 256;
 constexpr size_t kQueueHandoffs = 32;
 
-struct Block {
-  void* ptr;
-  size_t bytes;
-  uint64_t tag;
-};
+using Block = workload::StampedBlock;
 
 struct Handoff {
   std::array<Block, kHandoffBlocks> blocks;
