@@ -3,7 +3,6 @@
 // by libtraymalloc.so (so LD_PRELOAD replaces libc's) and defined in libtraymalloc.a (so a
 // program linking it uses ours everywhere). One translation unit on purpose: a reference to
 // any of these symbols pulls in all of them from the static library, never half of them.
-#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
@@ -104,9 +103,9 @@ namespace {
 // re-enter malloc, and the loader may call us before it can resolve anything.
 __attribute__((constructor(101))) void install_foreign_handlers() {
   ForeignHandlers next{};
-  next.free = reinterpret_cast<void (*)(void*)>(dlsym(RTLD_NEXT, "free"));
-  next.realloc = reinterpret_cast<void* (*)(void*, size_t)>(dlsym(RTLD_NEXT, "realloc"));
-  next.usable_size = reinterpret_cast<size_t (*)(void*)>(dlsym(RTLD_NEXT, "malloc_usable_size"));
+  next.free = reinterpret_cast<void (*)(void*)>(os::next_symbol("free"));
+  next.realloc = reinterpret_cast<void* (*)(void*, size_t)>(os::next_symbol("realloc"));
+  next.usable_size = reinterpret_cast<size_t (*)(void*)>(os::next_symbol("malloc_usable_size"));
   if (next.free == nullptr || next.realloc == nullptr || next.usable_size == nullptr) return;
   if (next.free == &free) return;  // no other allocator behind us
   set_foreign_handlers(next);
@@ -131,7 +130,7 @@ constexpr std::nothrow_t kNothrowTag{};
 void* next_new(NewKind kind) {
   void* fn = g_next_new[kind].load(std::memory_order_acquire);
   if (fn == nullptr) {  // a C++ runtime loaded after our constructor ran
-    fn = dlsym(RTLD_NEXT, kNextNewSymbols[kind]);
+    fn = os::next_symbol(kNextNewSymbols[kind]);
     g_next_new[kind].store(fn, std::memory_order_release);
   }
   return fn;
@@ -139,7 +138,7 @@ void* next_new(NewKind kind) {
 
 __attribute__((constructor(101))) void resolve_next_new() {
   for (unsigned kind = 0; kind < kNewKinds; ++kind)
-    g_next_new[kind].store(dlsym(RTLD_NEXT, kNextNewSymbols[kind]), std::memory_order_release);
+    g_next_new[kind].store(os::next_symbol(kNextNewSymbols[kind]), std::memory_order_release);
 }
 
 TRAY_NOINLINE void* new_failed(size_t size) {

@@ -1,5 +1,6 @@
 #include "platform/os.hpp"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -91,6 +92,8 @@ uint64_t now_ms() {
 int process_id() { return int(getpid()); }
 
 const char* env(const char* name) { return getenv(name); }
+
+void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
 
 void write_fd(int fd, const char* text, size_t length) {
   const int saved = errno;

@@ -28,6 +28,10 @@ size_t page_size();
 uint64_t now_ms();  // monotonic, coarse: cheap enough for slow paths
 int process_id();
 const char* env(const char* name);  // getenv: reads environ, never allocates
+// The definition of `name` that the dynamic loader finds after this library's own (RTLD_NEXT):
+// the C library's malloc behind our overrides, say. nullptr if there is none. Not from inside
+// malloc: the loader may allocate.
+void* next_symbol(const char* name);
 
 void write_fd(int fd, const char* text, size_t length);
 // A close-on-exec duplicate of fd, or -1.
