@@ -16,7 +16,4 @@ void page_extend(Page* page);
 
 TRAY_INLINE bool page_can_extend(const Page* page) { return page->capacity < page->reserved; }
 
-// Usable bytes of the block holding p.
-TRAY_INLINE size_t page_block_bytes(const Page* page) { return page->block_bytes; }
-
 }  // namespace tray

@@ -191,6 +191,7 @@ void segment_return_page(Page* page) {
   const uint64_t mask = run_mask(first, units);
   const uint64_t now = os::now_ms();
   os::LockGuard guard(g_pool_lock);
+  TRAY_CHECK(s->magic == kSegmentMagic);    // a page descriptor that is not in a segment
   TRAY_CHECK((s->free_units & mask) == 0);  // a page returned twice would corrupt the pool
   for (unsigned u = 0; u < units; ++u) s->page_offset[first + u] = page_offset_of(0);
   page->unit_count = 0;

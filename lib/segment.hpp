@@ -46,12 +46,6 @@ TRAY_INLINE uint8_t chunk_kind(const void* p) {
   return chunk_map_load(index);
 }
 
-// True when p lies in a segment: the free fast path's only test of a pointer's origin.
-TRAY_INLINE bool in_segment(const void* p) {
-  const uintptr_t index = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
-  return index < kChunkCount && chunk_map_load(index) == kChunkSegment;
-}
-
 void chunk_map_set(const void* base, size_t bytes, bool large);
 void chunk_map_clear(const void* base, size_t bytes);
 

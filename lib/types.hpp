@@ -56,9 +56,10 @@ struct Segment {
   uint64_t dirty_since_ms;   // when the oldest dirty unit became free
   Segment* next;             // pool list (segments with free units, or the cache)
   Segment* prev;
-  // Unit u belongs to the page whose descriptor lies page_offset[u] bytes into the segment:
-  // a byte offset rather than an index saves the free fast path a multiply. Free units point
-  // at pages[0], the header unit's descriptor, which stays empty and ownerless.
+  // Unit u belongs to the page whose descriptor lies page_offset[u] bytes into the segment
+  // (the free fast path uses pages[u] directly, which is that page for its first unit; this
+  // table serves the other units). Free units point at pages[0], the header unit's
+  // descriptor, which stays empty and ownerless.
   uint16_t page_offset[kUnitsPerSegment];
   Page pages[kUnitsPerSegment];
 };
