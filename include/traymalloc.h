@@ -59,24 +59,72 @@ TRAY_EXPORT int tray_trim(void);
 /* Largest alignment the aligned functions accept (bytes). */
 #define TRAY_MAX_ALIGNMENT ((size_t)1 << 29)
 
-/* Process-wide counters kept on slow paths (cheap enough to be always on). */
-typedef struct tray_totals {
-  size_t version;            /* sizeof(tray_totals): lets callers detect a newer layout */
-  size_t bytes_mapped;       /* address space held from the OS: segments and large blocks */
-  size_t bytes_in_pages;     /* bytes of pages owned by thread heaps (blocks live or cached) */
-  size_t bytes_large;        /* bytes of live large blocks (usable size) */
-  size_t bytes_purged;       /* total bytes ever given back with madvise or munmap */
-  size_t segments_mapped;    /* segments currently mapped */
-  size_t pages_acquired;     /* total pages handed to heaps */
-  size_t large_allocations;  /* total large allocations */
-  size_t heaps_created;      /* thread heaps ever created (heaps are reused after thread exit) */
-  size_t heaps_abandoned;    /* heaps now parked without a thread */
-  size_t foreign_frees;      /* frees of pointers traymalloc does not own (forwarded or ignored) */
-} tray_totals;
+/* --- options ------------------------------------------------------------------------------
+ * Sets a run-time option, as TRAY_OPTIONS="name=value" would (see the README for the list).
+ * Returns 0, EINVAL (unknown name or bad value; a warning goes to stderr) or EBUSY ("debug"
+ * once the allocator has started: set it before the first allocation, or use TRAY_OPTIONS). */
+TRAY_EXPORT int tray_option_set(const char* name, const char* value);
 
-/* Fills *out (out->version must be set to sizeof(tray_totals) by the caller); returns 0, or
- * -1 if the caller's struct is older than this library's. */
-TRAY_EXPORT int tray_totals_get(tray_totals* out);
+/* --- debug mode (debug=1) --------------------------------------------------------------------
+ * Freed blocks hold TRAY_FREED_PATTERN in every 32-bit word (the first 8 bytes hold a list link
+ * again once the block leaves quarantine); malloc'd blocks start as TRAY_ALLOC_PATTERN; the
+ * bytes between the requested size and the end of the block hold TRAY_CANARY_BYTE. */
+#define TRAY_FREED_PATTERN 0x1deadb0bu
+#define TRAY_ALLOC_PATTERN 0xa110ca7eu
+#define TRAY_CANARY_BYTE 0xfdu
+
+/* --- statistics ------------------------------------------------------------------------------ */
+#define TRAY_STATS_VERSION 1
+#define TRAY_STATS_MAX_CLASSES 64
+
+typedef struct tray_class_stats {
+  unsigned long long block_bytes;      /* size of every block of the class */
+  unsigned long long page_bytes;       /* size of one page (slab) of the class */
+  unsigned long long blocks_per_page;
+  unsigned long long live_blocks;      /* allocations - frees */
+  unsigned long long peak_live_blocks; /* sampled whenever the class needs a new page */
+  unsigned long long allocations;      /* since the start of the process */
+  unsigned long long frees;
+  unsigned long long pages;            /* pages the class holds now */
+  unsigned long long peak_pages;
+  unsigned long long requested_bytes;  /* sum of the sizes asked for, over all allocations */
+} tray_class_stats;
+
+typedef struct tray_stats {
+  unsigned version;      /* set by the caller to TRAY_STATS_VERSION */
+  unsigned class_count;  /* entries of classes[] in use */
+  tray_class_stats classes[TRAY_STATS_MAX_CLASSES];
+  struct {
+    unsigned long long allocations, frees, live_blocks, live_bytes, peak_bytes;
+    unsigned long long mapped_bytes;   /* address space of live and cached large blocks */
+    unsigned long long cached_blocks, cached_bytes;
+  } large;
+  unsigned long long mapped_bytes;     /* address space held from the OS, metadata included */
+  unsigned long long committed_bytes;  /* of which not given back to the OS (at most resident) */
+  unsigned long long resident_bytes;   /* resident size of the whole process (/proc/self/statm) */
+  unsigned long long released_bytes;   /* total ever given back (madvise, munmap) */
+  unsigned long long metadata_bytes;   /* heaps, segment headers, debug tables */
+  unsigned long long segments;
+  unsigned long long threads_alive;    /* threads that own a heap now */
+  unsigned long long threads_exited;
+  unsigned long long heaps_created;    /* heaps outlive threads and are reused */
+  unsigned long long remote_frees;     /* frees of a block owned by another thread's heap */
+  unsigned long long foreign_frees;    /* frees of pointers traymalloc does not own */
+  unsigned long long debug_errors;     /* errors debug mode reported (debug_abort=0) */
+  unsigned long long os_mmap, os_munmap, os_madvise, os_mremap, os_mprotect;
+} tray_stats;
+
+/* Fills *out, whose version the caller has set to TRAY_STATS_VERSION; returns 0, or EINVAL
+ * for NULL or a version this library does not know. Counters of running threads are read as
+ * they are: exact once the threads are quiet. */
+TRAY_EXPORT int tray_stats_get(tray_stats* out);
+
+typedef void (*tray_write_fn)(void* context, const char* text, size_t length);
+#define TRAY_STATS_TEXT 0u /* aligned table, human units */
+#define TRAY_STATS_JSON 1u /* one JSON object on one line (format in the README) */
+/* Writes a dump through write(context, ...) in pieces (stderr if write is NULL). Never
+ * allocates. Returns 0, or EINVAL for unknown flags. */
+TRAY_EXPORT int tray_stats_print(tray_write_fn write, void* context, unsigned flags);
 
 #ifdef __cplusplus
 }

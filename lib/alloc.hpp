@@ -22,7 +22,8 @@ struct ForeignHandlers {
 };
 void set_foreign_handlers(const ForeignHandlers& handlers) noexcept;
 
-// Out of line: large and aligned requests, errors (errno = ENOMEM), null and foreign frees.
+// Out of line: small requests the fast path could not serve, large and aligned requests,
+// debug mode, errors (errno = ENOMEM), frees of null, foreign and other threads' blocks.
 // All noexcept: the override layer is built with exceptions, and a call from a noexcept
 // function to one that might throw could not be a tail call.
 void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept;
@@ -35,17 +36,21 @@ size_t usable_size(const void* p) noexcept;
 bool trim_all() noexcept;
 
 // Sizes past the one-load class table take a call: they cost more to use than the call.
+// In debug mode tls_heap is &g_empty_heap, with no block to pop and no page to own, so both
+// fast paths fall through to the checked slow paths at no cost when debug mode is off.
 TRAY_INLINE void* alloc(size_t size) noexcept {
-  if (TRAY_LIKELY(size <= kLookupLimitBytes)) return heap_alloc_class(size_class_lookup(size));
+  if (TRAY_LIKELY(size <= kLookupLimitBytes)) {
+    void* p = heap_pop(tls_heap, size_class_lookup(size), size);
+    if (TRAY_LIKELY(p != nullptr)) return p;
+  }
   return alloc_slow(size, 0, false);
 }
 
 TRAY_INLINE void dealloc(void* p) noexcept {
   const uintptr_t chunk = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
-  if (TRAY_LIKELY(chunk < kChunkCount && chunk_map_load(chunk) == kChunkSegment)) {
-    heap_free_small(unit_descriptor_of(reinterpret_cast<Segment*>(chunk << kSegmentShift), p), p);
+  if (TRAY_LIKELY(chunk < kChunkCount && chunk_map_load(chunk) == kChunkSegment) &&
+      TRAY_LIKELY(heap_free_own(unit_descriptor_of(reinterpret_cast<Segment*>(chunk << kSegmentShift), p), p)))
     return;
-  }
   free_slow(p);
 }
 

@@ -4,7 +4,10 @@
 #include <cstring>
 
 #include "alloc.hpp"
+#include "debug.hpp"
 #include "large.hpp"
+#include "options.hpp"
+#include "report.hpp"
 #include "size_classes.hpp"
 #include "stats.hpp"
 #include "traymalloc.h"
@@ -33,14 +36,24 @@ void free_foreign(void* p) {
 void set_foreign_handlers(const ForeignHandlers& handlers) noexcept { g_foreign = handlers; }
 
 void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
-  if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) return heap_alloc_small(size);
+  if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
+  if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) {
+    void* p = heap_alloc_small(size);
+    if (zero && p != nullptr) std::memset(p, 0, size);
+    return p;
+  }
   void* p = large_alloc(size, alignment > kNaturalAlignment ? alignment : kNaturalAlignment, zero);
   return p != nullptr ? p : out_of_memory();
 }
 
 void free_slow(void* p) noexcept {
   if (p == nullptr) return;
+  if (TRAY_UNLIKELY(debug_mode())) return debug_free(p);
   const uint8_t kind = chunk_kind(p);
+  if (kind == kChunkSegment) {
+    heap_free_remote(static_cast<Block*>(p));
+    return;
+  }
   if (kind == kChunkForeign) {
     free_foreign(p);
     return;
@@ -51,6 +64,7 @@ void free_slow(void* p) noexcept {
 }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {
+  if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
   if (alignment <= kNaturalAlignment) {
     void* p = alloc(size < alignment ? alignment : size);
     if (zero && p != nullptr) std::memset(p, 0, size);
@@ -61,7 +75,7 @@ void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {
   if (alignment <= kUnitBytes && size <= kMaxSmallBytes) {
     for (unsigned c = size_class_of(size < alignment ? alignment : size); c < kSizeClassCount; ++c) {
       if (class_size(c) % alignment != 0) continue;
-      void* p = heap_alloc_class(c);
+      void* p = heap_alloc_class(c, size);
       if (zero && p != nullptr) std::memset(p, 0, size);
       return p;
     }
@@ -72,13 +86,14 @@ void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {
 void* alloc_zeroed(size_t count, size_t size) noexcept {
   size_t total;
   if (__builtin_mul_overflow(count, size, &total)) return out_of_memory();
-  if (total > kMaxSmallBytes) return alloc_slow(total, 0, true);
+  if (total > kMaxSmallBytes || TRAY_UNLIKELY(debug_mode())) return alloc_slow(total, 0, true);
   void* p = heap_alloc_small(total);
   if (p != nullptr) std::memset(p, 0, total);
   return p;
 }
 
 void* reallocate(void* p, size_t size) noexcept {
+  if (TRAY_UNLIKELY(debug_mode())) return debug_realloc(p, size);
   if (p == nullptr) return alloc(size);
   if (size == 0) {  // glibc's answer: free, and return NULL
     dealloc(p);
@@ -111,6 +126,7 @@ void* reallocate(void* p, size_t size) noexcept {
 }
 
 size_t usable_size(const void* p) noexcept {
+  if (TRAY_UNLIKELY(debug_mode())) return debug_usable_size(p);
   const uint8_t kind = chunk_kind(p);
   if (kind == kChunkSegment) return page_of(segment_of(p), p)->block_bytes;
   if (p == nullptr) return 0;
@@ -192,21 +208,11 @@ TRAY_EXPORT int tray_owns(const void* ptr) { return chunk_kind(ptr) != kChunkFor
 
 TRAY_EXPORT int tray_trim(void) { return trim_all() ? 1 : 0; }
 
-TRAY_EXPORT int tray_totals_get(tray_totals* out) {
-  if (out == nullptr || out->version < sizeof(tray_totals)) return -1;
-  auto get = [](const std::atomic<size_t>& v) { return v.load(std::memory_order_relaxed); };
-  out->version = sizeof(tray_totals);
-  out->bytes_mapped = get(g_totals.bytes_mapped);
-  out->bytes_in_pages = get(g_totals.bytes_in_pages);
-  out->bytes_large = get(g_totals.bytes_large);
-  out->bytes_purged = get(g_totals.bytes_purged);
-  out->segments_mapped = get(g_totals.segments_mapped);
-  out->pages_acquired = get(g_totals.pages_acquired);
-  out->large_allocations = get(g_totals.large_allocations);
-  out->heaps_created = get(g_totals.heaps_created);
-  out->heaps_abandoned = get(g_totals.heaps_abandoned);
-  out->foreign_frees = get(g_totals.foreign_frees);
-  return 0;
+TRAY_EXPORT int tray_option_set(const char* name, const char* value) {
+  const int result = option_set(name, value);
+  if (result == 0 && option(Option::kDebug) != 0) debug_prepare();
+  if (result == 0) report_options_changed();
+  return result;
 }
 
 }  // extern "C"

@@ -6,6 +6,7 @@
 
 #include "core/assert.hpp"
 #include "large.hpp"
+#include "options.hpp"
 #include "page.hpp"
 #include "platform/os.hpp"
 #include "segment.hpp"
@@ -23,11 +24,13 @@ constinit Page g_empty_page;
 
 constinit Heap g_empty_heap{&g_empty_page};
 __thread Heap* tls_heap = &g_empty_heap;
+__thread Heap* tls_own_heap = nullptr;
 
 namespace {
 
 os::Mutex g_heaps_lock;           // the parked list and metadata memory
 Heap* g_parked = nullptr;         // heaps without a thread
+std::atomic<Heap*> g_all_heaps{nullptr};
 char* g_meta_cursor = nullptr;    // metadata bump allocation
 char* g_meta_end = nullptr;
 std::atomic<uint64_t> g_last_collect_ms{0};
@@ -132,8 +135,11 @@ void drain_remote(Heap* heap) {
 }
 
 // Returns every page of the heap that holds no live block (after taking in remote frees).
+// Debug mode keeps them: a page that changed class could turn a stale pointer into a valid
+// block of another size, and a double free into a free of somebody else's block.
 bool release_empty_pages(Heap* heap) {
   drain_remote(heap);
+  if (debug_mode()) return false;
   bool released = false;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     for (Page* page = heap->queues[c].head; page != nullptr;) {
@@ -199,6 +205,8 @@ Page* find_page(Heap* heap, unsigned c) {
     page = next;
   }
   maybe_collect_parked();
+  // The class grows: a moment when its live count is at a high.
+  heap_sample_peak(c);
   Page* page = page_acquire(heap, c);
   if (page != nullptr) queue_push_front(heap, page);
   return page;
@@ -210,12 +218,15 @@ Heap* heap_new_locked() {
   if (size_t(g_meta_end - g_meta_cursor) < bytes) {
     auto* chunk = static_cast<char*>(os::map(kMetaChunkBytes));
     if (chunk == nullptr) return nullptr;
+    count_add(g_totals.bytes_metadata, kMetaChunkBytes);
     g_meta_cursor = chunk;
     g_meta_end = chunk + kMetaChunkBytes;
   }
   Heap* heap = new (g_meta_cursor) Heap(&g_empty_page);
   g_meta_cursor += bytes;
   count_add(g_totals.heaps_created, 1);
+  heap->next_created = g_all_heaps.load(std::memory_order_relaxed);
+  g_all_heaps.store(heap, std::memory_order_release);
   return heap;
 }
 
@@ -233,6 +244,10 @@ void fork_release() {
   large_unlock_after_fork();
   heap_unlock_after_fork();
 }
+void fork_release_child() {
+  g_totals.threads_attached.store(tls_own_heap != nullptr ? 1 : 0, std::memory_order_relaxed);
+  fork_release();
+}
 
 // Once per process, outside every lock: both calls may allocate, which re-enters malloc
 // through the heap this thread has just been given.
@@ -242,13 +257,13 @@ void process_setup() {
   if (g_process_ready.load(std::memory_order_relaxed)) return;
   if (os::thread_key_create(&g_exit_key, on_thread_exit) != 0)
     fatal("cannot create the thread-exit key (pthread_key_create failed)");
-  os::register_atfork(fork_prepare, fork_release, fork_release);
+  os::register_atfork(fork_prepare, fork_release, fork_release_child);
   g_process_ready.store(true, std::memory_order_release);
 }
 
 }  // namespace
 
-void* heap_malloc_slow(Heap* heap, unsigned size_class) noexcept {
+void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
   if (TRAY_UNLIKELY(heap == &g_empty_heap)) {
     heap = heap_attach_thread();
     if (heap == nullptr) {
@@ -266,6 +281,7 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class) noexcept {
   Block* block = page->free;
   page->free = block->next;
   ++page->used;
+  count_allocation(heap, size_class, size);
   return block;
 }
 
@@ -277,7 +293,7 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
   }
   if (page->used == 0) {  // never the head: its extra count keeps it above zero
     const size_t bytes = size_t(page->unit_count) * kUnitBytes;
-    if (heap->retained_bytes + bytes <= kHeapRetainedBytes) {
+    if (heap->retained_bytes + bytes <= kHeapRetainedBytes || debug_mode()) {
       page->retained = true;
       heap->retained_bytes += bytes;
     } else {
@@ -288,21 +304,34 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
 
 void heap_free_remote(Block* block) noexcept {
   Page* page = unit_descriptor_of(segment_of(block), block);
-  Heap* owner = page->heap;
-  Heap* self = tls_heap;
-  if (owner == nullptr) {
+  if (page->heap == nullptr) {
     page = page_of(segment_of(block), block);
-    owner = page->heap;
-    if (TRAY_UNLIKELY(owner == nullptr)) {
+    if (TRAY_UNLIKELY(page->heap == nullptr)) {
       // Inside a segment but in no page: a stale or made-up pointer. Dropping it keeps the
       // pools intact.
       count_add(g_totals.foreign_frees, 1);
       return;
     }
-    if (owner == self) {
-      page_free_local(self, page, block);
-      return;
-    }
+  }
+  heap_count_free(tls_heap, page);
+  heap_free_block(tls_heap, page, block);
+}
+
+void heap_count_free(Heap* self, const Page* page) noexcept {
+  if (self == &g_empty_heap) {
+    g_totals.classes[page->size_class].unowned_frees.fetch_add(1, std::memory_order_relaxed);
+    count_add(g_totals.unowned_remote_frees, 1);
+    return;
+  }
+  count_free(self, page);
+  if (page->heap != self) counter_add(self->counters.remote_frees, 1);
+}
+
+void heap_free_block(Heap* self, Page* page, Block* block) noexcept {
+  Heap* owner = page->heap;
+  if (owner == self) {
+    page_free_local(self, page, block);
+    return;
   }
   if (self == &g_empty_heap) {  // a thread that never allocated has nowhere to gather
     block->next = nullptr;
@@ -333,7 +362,9 @@ Heap* heap_attach_thread() {
       if (heap == nullptr) return nullptr;
     }
   }
-  tls_heap = heap;
+  tls_own_heap = heap;
+  if (!debug_mode()) tls_heap = heap;
+  count_add(g_totals.threads_attached, 1);
   if (!g_process_ready.load(std::memory_order_acquire)) process_setup();
   os::thread_key_set(g_exit_key, heap);
   return heap;
@@ -343,17 +374,38 @@ void heap_detach_thread(Heap* heap) {
   flush_outgoing(heap);
   release_empty_pages(heap);
   if (tls_heap == heap) tls_heap = &g_empty_heap;
+  if (tls_own_heap == heap) tls_own_heap = nullptr;
+  count_sub(g_totals.threads_attached, 1);
+  count_add(g_totals.threads_exited, 1);
   os::LockGuard guard(g_heaps_lock);
   heap->next_abandoned = g_parked;
   g_parked = heap;
   count_add(g_totals.heaps_abandoned, 1);
 }
 
+void heap_sample_peak(unsigned size_class) {
+#if TRAY_STATS_COUNTERS
+  ClassTotals& totals = g_totals.classes[size_class];
+  uint64_t live = 0;
+  for (const Heap* heap = heap_list(); heap != nullptr; heap = heap->next_created)
+    live += counter_read(heap->counters.allocations[size_class]) -
+            counter_read(heap->counters.frees[size_class]);
+  live -= totals.unowned_frees.load(std::memory_order_relaxed);
+  // Counters read while their threads run can be a little off, or even add up to less than
+  // zero for a moment; a peak is only a high-water mark, so such a sample is skipped.
+  if (int64_t(live) > 0) count_max(totals.peak_live_blocks, live);
+#else
+  (void)size_class;
+#endif
+}
+
+const Heap* heap_list() { return g_all_heaps.load(std::memory_order_acquire); }
+
 bool heap_trim() {
   bool released = false;
-  if (tls_heap != &g_empty_heap) {
-    flush_outgoing(tls_heap);
-    released |= release_empty_pages(tls_heap);
+  if (Heap* own = tls_own_heap; own != nullptr) {
+    flush_outgoing(own);
+    released |= release_empty_pages(own);
   }
   released |= collect_parked(true);
   return released;

@@ -13,25 +13,39 @@
 
 namespace tray {
 
-// The calling thread's heap; &g_empty_heap until its first allocation. Initial-exec TLS by
-// default (-ftls-model, see TRAY_TLS_MODEL): one instruction to reach.
+// The heap the fast paths use: the calling thread's heap, or &g_empty_heap until its first
+// allocation, and for good in debug mode, so that every call there takes a slow path that
+// checks it. Initial-exec TLS by default (-ftls-model, see TRAY_TLS_MODEL): one instruction.
 extern __thread Heap* tls_heap;
+// The heap the calling thread owns (nullptr before its first allocation), in every mode.
+extern __thread Heap* tls_own_heap;
 // A heap with no pages: every class points at an empty page, so the fast path of a thread
 // that has no heap yet falls into the slow path without a test of its own.
 extern constinit Heap g_empty_heap;
 
-// Slow path of a small allocation for an attached heap: remote frees, then the class queue,
-// then a new page. nullptr when out of memory.
-void* heap_malloc_slow(Heap* heap, unsigned size_class) noexcept;
+// Slow path of a small allocation: remote frees, then the class queue, then a new page; for
+// &g_empty_heap, the thread's first allocation (size is what the caller asked for).
+// nullptr when out of memory.
+void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept;
 // A local free left the page empty, or landed in a full (floating) page.
 void heap_page_event(Heap* heap, Page* page) noexcept;
-// A free whose unit descriptor is not owned by this thread's heap: a block of another heap,
-// a block beyond the first unit of a multi-unit page, or an invalid pointer.
-// Takes only the block (finding its page again) so the fast path keeps no page pointer alive.
+// A free into a segment that the fast path could not do: a block of another heap, a block
+// beyond the first unit of a multi-unit page, or an invalid pointer.
 void heap_free_remote(Block* block) noexcept;
+// Counts a free of a block of `page` by the thread whose heap is `self` (&g_empty_heap for a
+// thread without one). Separate from heap_free_block: debug mode counts at the program's
+// free, and gives the block back only when it leaves quarantine.
+void heap_count_free(Heap* self, const Page* page) noexcept;
+// Gives a block of a live page back on behalf of `self` (the calling thread's own heap, or
+// &g_empty_heap): locally if self owns the page, else to the owner heap.
+void heap_free_block(Heap* self, Page* page, Block* block) noexcept;
 
 // Gives the calling thread a heap (a parked one if any); nullptr when out of memory.
 Heap* heap_attach_thread();
+// Adds the heaps' live-block counts of the class up and raises its recorded peak.
+void heap_sample_peak(unsigned size_class);
+// Every heap ever created, newest first (never unlinked: safe to walk from a signal handler).
+const Heap* heap_list();
 // Parks the heap of an exiting thread after returning its empty pages.
 void heap_detach_thread(Heap* heap);
 // Returns empty pages: of the calling thread's heap, and of parked heaps. True if any.
@@ -39,6 +53,23 @@ bool heap_trim();
 // fork(): the heaps lock, and in the child, heaps of threads that do not exist there.
 void heap_lock_for_fork();
 void heap_unlock_after_fork();
+
+TRAY_INLINE void count_allocation(Heap* heap, size_t size_class, size_t size) {
+#if TRAY_STATS_COUNTERS
+  counter_add(heap->counters.allocations[size_class], 1);
+  counter_add(heap->counters.requested_bytes[size_class], size);
+#else
+  (void)heap, (void)size_class, (void)size;
+#endif
+}
+
+TRAY_INLINE void count_free(Heap* heap, const Page* page) {
+#if TRAY_STATS_COUNTERS
+  counter_add(heap->counters.frees[page->size_class], 1);
+#else
+  (void)heap, (void)page;
+#endif
+}
 
 TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept {
   block->next = page->free;
@@ -48,28 +79,44 @@ TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept 
   if (TRAY_UNLIKELY(--page->used == 0)) heap_page_event(heap, page);
 }
 
-TRAY_INLINE void* heap_alloc_class(size_t size_class) noexcept {
-  Heap* heap = tls_heap;
+// Pops a block of class size_class from the heap's current page; nullptr when that page has
+// none ready (or the heap is &g_empty_heap), which the caller's slow path sorts out.
+TRAY_INLINE void* heap_pop(Heap* heap, size_t size_class, size_t size) noexcept {
   Page* page = heap->direct[size_class];
   Block* block = page->free;
   if (TRAY_LIKELY(block != nullptr)) {
     page->free = block->next;
     ++page->used;
-    return block;
+    count_allocation(heap, size_class, size);
   }
-  return heap_malloc_slow(heap, unsigned(size_class));
+  return block;
 }
 
-TRAY_INLINE void* heap_alloc_small(size_t size) noexcept { return heap_alloc_class(size_class_of(size)); }
+// A block of class size_class from `heap`, for a request of `size` bytes; nullptr when out of
+// memory.
+TRAY_INLINE void* heap_alloc_from(Heap* heap, size_t size_class, size_t size) noexcept {
+  void* p = heap_pop(heap, size_class, size);
+  if (TRAY_LIKELY(p != nullptr)) return p;
+  return heap_malloc_slow(heap, unsigned(size_class), size);
+}
 
-TRAY_INLINE void heap_free_small(Page* page, void* p) noexcept {
-  auto* block = static_cast<Block*>(p);
+TRAY_INLINE void* heap_alloc_class(size_t size_class, size_t size) noexcept {
+  return heap_alloc_from(tls_heap, size_class, size);
+}
+
+TRAY_INLINE void* heap_alloc_small(size_t size) noexcept {
+  return heap_alloc_class(size_class_of(size), size);
+}
+
+// Frees p into `page` if tls_heap owns it; false (nothing done) otherwise.
+TRAY_INLINE bool heap_free_own(Page* page, void* p) noexcept {
   Heap* heap = tls_heap;
   if (TRAY_LIKELY(page->heap == heap)) {
-    page_free_local(heap, page, block);
-    return;
+    count_free(heap, page);
+    page_free_local(heap, page, static_cast<Block*>(p));
+    return true;
   }
-  heap_free_remote(block);
+  return false;
 }
 
 }  // namespace tray

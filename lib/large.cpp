@@ -18,14 +18,30 @@ os::Mutex g_cache_lock;
 LargeHeader* g_cache[kLargeCacheCount];
 size_t g_cache_used = 0;
 size_t g_cache_bytes = 0;  // bytes the cached mappings may hold resident (their dirty_bytes)
+// Copies of the two for the statistics, which read them without the lock.
+std::atomic<size_t> g_cache_used_seen{0};
+std::atomic<size_t> g_cache_bytes_seen{0};
+
+void publish_cache_usage() {
+  g_cache_used_seen.store(g_cache_used, std::memory_order_relaxed);
+  g_cache_bytes_seen.store(g_cache_bytes, std::memory_order_relaxed);
+}
 
 char* base_of(const LargeHeader* header) {
   return reinterpret_cast<char*>(const_cast<LargeHeader*>(header));
 }
 
+// dirty_bytes is what the statistics call committed: keep the total in step with it.
+void set_dirty_bytes(LargeHeader* header, size_t bytes) {
+  if (bytes > header->dirty_bytes) count_add(g_totals.bytes_large_committed, bytes - header->dirty_bytes);
+  else count_sub(g_totals.bytes_large_committed, header->dirty_bytes - bytes);
+  header->dirty_bytes = bytes;
+}
+
 void unmap_mapping(LargeHeader* header) {
   const size_t bytes = header->reserve_bytes;
   const size_t resident = header->dirty_bytes;
+  set_dirty_bytes(header, 0);
   chunk_map_clear(header, bytes);
   os::unmap(header, bytes);
   count_sub(g_totals.bytes_mapped, bytes);
@@ -35,6 +51,7 @@ void unmap_mapping(LargeHeader* header) {
 void cache_remove_at(size_t i) {
   g_cache_bytes -= g_cache[i]->dirty_bytes;
   g_cache[i] = g_cache[--g_cache_used];
+  publish_cache_usage();
 }
 
 // Mappings that sat unused for kLargeCacheDelayMs go back to the OS. Called with the lock held;
@@ -85,6 +102,7 @@ bool cache_put(LargeHeader* header) {
     return false;
   g_cache[g_cache_used++] = header;
   g_cache_bytes += header->dirty_bytes;
+  publish_cache_usage();
   return true;
 }
 
@@ -103,22 +121,25 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
     // Reused: only what it touched before can hold old data; the rest still reads as zero.
     if (zero && header->dirty_bytes > offset)
       std::memset(base_of(header) + offset, 0, std::min(size, header->dirty_bytes - offset));
-    header->dirty_bytes = std::max(header->dirty_bytes, used_bytes);
+    set_dirty_bytes(header, std::max(header->dirty_bytes, used_bytes));
   } else {
     const size_t reserve_bytes = align_up(used_bytes, kSegmentBytes);
     header = static_cast<LargeHeader*>(os::map_aligned(reserve_bytes, map_alignment));
     if (header == nullptr) return nullptr;
     header->magic = kLargeMagic;
     header->reserve_bytes = reserve_bytes;
-    header->dirty_bytes = used_bytes;
+    header->dirty_bytes = 0;
+    set_dirty_bytes(header, used_bytes);
     chunk_map_set(header, reserve_bytes, true);
     count_add(g_totals.bytes_mapped, reserve_bytes);
   }
   header->used_bytes = used_bytes;
   header->alignment = alignment;
   header->user = base_of(header) + offset;
+  header->requested = size;
   count_add(g_totals.large_allocations, 1);
   count_add(g_totals.bytes_large, large_usable_size(header));
+  count_max(g_totals.bytes_large_peak, g_totals.bytes_large.load(std::memory_order_relaxed));
   return header->user;
 }
 
@@ -137,9 +158,21 @@ size_t large_usable_size(const LargeHeader* header) {
 
 void large_free(LargeHeader* header) {
   count_sub(g_totals.bytes_large, large_usable_size(header));
+  count_add(g_totals.large_frees, 1);
   header->user = nullptr;  // a second free of the block no longer finds it
   if (!cache_put(header)) unmap_mapping(header);
 }
+
+void large_retire(LargeHeader* header, void* user) {
+  count_sub(g_totals.bytes_large, size_t(base_of(header) + header->used_bytes - static_cast<char*>(user)));
+  count_add(g_totals.large_frees, 1);
+  header->user = nullptr;
+  const size_t header_bytes = os::page_size();
+  os::protect_none(base_of(header) + header_bytes, header->reserve_bytes - header_bytes);
+  set_dirty_bytes(header, header_bytes);
+}
+
+void large_unmap_retired(LargeHeader* header) { unmap_mapping(header); }
 
 void* large_resize(LargeHeader* header, size_t new_size) {
   if (new_size > kMaxRequestBytes) return nullptr;
@@ -154,7 +187,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
     if (new_used <= old_used / 2) {
       os::purge(base_of(header) + new_used, header->dirty_bytes - new_used);
       count_add(g_totals.bytes_purged, header->dirty_bytes - new_used);
-      header->dirty_bytes = new_used;
+      set_dirty_bytes(header, new_used);
     }
   } else {
     const size_t new_reserve = align_up(new_used, kSegmentBytes);
@@ -179,9 +212,11 @@ void* large_resize(LargeHeader* header, size_t new_size) {
     count_sub(g_totals.bytes_mapped, old_reserve);
   }
   header->used_bytes = new_used;
-  header->dirty_bytes = std::max(header->dirty_bytes, new_used);
+  set_dirty_bytes(header, std::max(header->dirty_bytes, new_used));
+  header->requested = new_size;
   count_add(g_totals.bytes_large, large_usable_size(header));
   count_sub(g_totals.bytes_large, old_usable);
+  count_max(g_totals.bytes_large_peak, g_totals.bytes_large.load(std::memory_order_relaxed));
   return header->user;
 }
 
@@ -194,9 +229,15 @@ bool large_trim() {
     for (size_t i = 0; i < count; ++i) taken[i] = g_cache[i];
     g_cache_used = 0;
     g_cache_bytes = 0;
+    publish_cache_usage();
   }
   for (size_t i = 0; i < count; ++i) unmap_mapping(taken[i]);
   return count != 0;
+}
+
+void large_cache_usage(size_t* blocks, size_t* bytes) {
+  *blocks = g_cache_used_seen.load(std::memory_order_relaxed);
+  *bytes = g_cache_bytes_seen.load(std::memory_order_relaxed);
 }
 
 void large_lock_for_fork() { g_cache_lock.lock(); }

@@ -19,10 +19,19 @@ void* large_alloc(size_t size, size_t alignment, bool zero);
 LargeHeader* large_mapping_of(const void* p, uint8_t chunk_kind);
 size_t large_usable_size(const LargeHeader* header);
 void large_free(LargeHeader* header);
+// Debug mode's free of the block at `user` (the caller has already cleared header->user, so a
+// second free is recognised): the header stays and the rest of the mapping becomes
+// inaccessible, so a use after free faults at once.
+void large_retire(LargeHeader* header, void* user);
+// Gives a retired mapping back to the OS.
+void large_unmap_retired(LargeHeader* header);
 // Resizes in place or by moving the mapping; nullptr (block untouched) if the OS refuses.
 void* large_resize(LargeHeader* header, size_t new_size);
 // Unmaps every cached mapping; true if there was any.
 bool large_trim();
+
+// Mappings in the cache and the bytes they hold (lock-free, for dumps).
+void large_cache_usage(size_t* blocks, size_t* bytes);
 
 void large_lock_for_fork();
 void large_unlock_after_fork();

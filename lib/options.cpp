@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <errno.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -8,95 +9,170 @@
 #include "core/format.hpp"
 #include "platform/os.hpp"
 
+#ifndef TRAY_DEFAULT_OPTIONS
+#define TRAY_DEFAULT_OPTIONS ""
+#endif
+
 namespace tray {
 
 namespace {
 
+enum class Kind { kFlag, kChoice, kSignal, kPath };
+
 struct OptionSpec {
   const char* name;
+  Kind kind;
   int64_t default_value;
-  int64_t min_value;
-  int64_t max_value;
+  const char* choices[3];  // kChoice: the value is the index of the word
+  bool fixed_at_start;
 };
 
 constexpr OptionSpec kSpecs[] = {
-    {"stats", 0, 0, 1},
-    {"debug", 0, 0, 1},
+    {"stats", Kind::kFlag, 0, {}, false},
+    {"stats_file", Kind::kPath, 0, {}, false},
+    {"stats_format", Kind::kChoice, kStatsText, {"text", "json"}, false},
+    {"stats_signal", Kind::kSignal, 0, {}, false},
+    {"debug", Kind::kFlag, 0, {}, true},
+    {"debug_abort", Kind::kFlag, 1, {}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 
-int64_t g_values[unsigned(Option::kCount)];
+constexpr size_t kPathBytes = 512;
+
+std::atomic<int64_t> g_values[unsigned(Option::kCount)];
+std::atomic<bool> g_fixed[unsigned(Option::kCount)];  // read by the allocator: no more changes
+char g_stats_file[kPathBytes];
 std::atomic<int> g_state{0};  // 0: not read, 1: being read, 2: ready
 
-void warn(const char* what, const char* text, size_t length) {
+void warn(const char* source, const char* what, const char* text, size_t length) {
   char storage[256];
   TextBuffer out(storage, sizeof storage);
-  out.str("traymalloc: TRAY_OPTIONS: ").str(what).str(" '");
+  out.str("traymalloc: ").str(source).str(": ").str(what).str(" '");
   for (size_t i = 0; i < length; ++i) out.chr(text[i]);
   out.str("' ignored\n");
   out.write_to(STDERR_FILENO);
 }
 
-bool names_equal(const char* key, size_t key_length, const char* name) {
+bool equal(const char* text, size_t length, const char* word) {
   size_t i = 0;
-  for (; i < key_length; ++i)
-    if (name[i] == '\0' || name[i] != key[i]) return false;
-  return name[i] == '\0';
+  for (; i < length; ++i)
+    if (word[i] == '\0' || word[i] != text[i]) return false;
+  return word[i] == '\0';
 }
 
-bool parse_integer(const char* text, size_t length, int64_t* out) {
-  if (length == 0 || length > 18) return false;
-  int64_t value = 0;
-  for (size_t i = 0; i < length; ++i) {
-    if (text[i] < '0' || text[i] > '9') return false;
-    value = value * 10 + (text[i] - '0');
+// The value for `spec` spelled by text[0, length), or -1 if it is not one.
+int64_t parse_value(const OptionSpec& spec, const char* text, size_t length) {
+  switch (spec.kind) {
+    case Kind::kFlag:
+      if (equal(text, length, "1") || equal(text, length, "true")) return 1;
+      if (equal(text, length, "0") || equal(text, length, "false")) return 0;
+      return -1;
+    case Kind::kChoice:
+      for (int64_t i = 0; i < 3 && spec.choices[i] != nullptr; ++i)
+        if (equal(text, length, spec.choices[i])) return i;
+      return -1;
+    case Kind::kSignal:
+      if (equal(text, length, "0") || equal(text, length, "none")) return 0;
+      return os::signal_number(text, length) != 0 ? os::signal_number(text, length) : -1;
+    case Kind::kPath:
+      return length < kPathBytes ? int64_t(length) : -1;
   }
-  *out = value;
-  return true;
+  return -1;
 }
 
-void apply(const char* item, size_t length) {
+// Applies "value" to option `index`: 0, EINVAL or EBUSY.
+int assign(unsigned index, const char* value, size_t length, const char* source) {
+  const OptionSpec& spec = kSpecs[index];
+  const int64_t parsed = parse_value(spec, value, length);
+  if (parsed < 0) {
+    warn(source, "bad value for", spec.name, __builtin_strlen(spec.name));
+    return EINVAL;
+  }
+  if (spec.fixed_at_start && g_fixed[index].load(std::memory_order_acquire)) return EBUSY;
+  if (spec.kind == Kind::kPath) {
+    for (size_t i = 0; i < length; ++i) g_stats_file[i] = value[i];
+    g_stats_file[length] = '\0';
+  }
+  g_values[index].store(parsed, std::memory_order_release);
+  return 0;
+}
+
+int find(const char* name, size_t length) {
+  for (unsigned i = 0; i < unsigned(Option::kCount); ++i)
+    if (equal(name, length, kSpecs[i].name)) return int(i);
+  return -1;
+}
+
+void apply_item(const char* item, size_t length, const char* source) {
   size_t eq = 0;
   while (eq < length && item[eq] != '=') ++eq;
-  if (eq == length) return warn("missing '=' in", item, length);
-  for (unsigned i = 0; i < unsigned(Option::kCount); ++i) {
-    if (!names_equal(item, eq, kSpecs[i].name)) continue;
-    int64_t value;
-    if (!parse_integer(item + eq + 1, length - eq - 1, &value) ||
-        value < kSpecs[i].min_value || value > kSpecs[i].max_value)
-      return warn("bad value in", item, length);
-    g_values[i] = value;
-    return;
-  }
-  warn("unknown option", item, eq);
+  if (eq == length) return warn(source, "missing '=' in", item, length);
+  const int index = find(item, eq);
+  if (index < 0) return warn(source, "unknown option", item, eq);
+  assign(unsigned(index), item + eq + 1, length - eq - 1, source);
 }
 
-void read_options() {
-  for (unsigned i = 0; i < unsigned(Option::kCount); ++i) g_values[i] = kSpecs[i].default_value;
-  const char* text = os::env("TRAY_OPTIONS");
+void apply_list(const char* text, const char* source) {
   while (text != nullptr && *text != '\0') {
     size_t length = 0;
     while (text[length] != '\0' && text[length] != ',') ++length;
-    if (length > 0) apply(text, length);
+    if (length > 0) apply_item(text, length, source);
     text += length;
     if (*text == ',') ++text;
+  }
+}
+
+void read_options() {
+  for (unsigned i = 0; i < unsigned(Option::kCount); ++i)
+    g_values[i].store(kSpecs[i].default_value, std::memory_order_relaxed);
+  apply_list(TRAY_DEFAULT_OPTIONS, "TRAY_DEFAULT_OPTIONS");
+  apply_list(os::env("TRAY_OPTIONS"), "TRAY_OPTIONS");
+}
+
+void ensure_read() {
+  if (TRAY_LIKELY(g_state.load(std::memory_order_acquire) == 2)) return;
+  int expected = 0;
+  if (g_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    read_options();
+    g_state.store(2, std::memory_order_release);
+  } else {
+    while (g_state.load(std::memory_order_acquire) != 2) {
+    }
   }
 }
 
 }  // namespace
 
 int64_t option(Option which) {
-  if (TRAY_UNLIKELY(g_state.load(std::memory_order_acquire) != 2)) {
-    int expected = 0;
-    if (g_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
-      read_options();
-      g_state.store(2, std::memory_order_release);
-    } else {
-      while (g_state.load(std::memory_order_acquire) != 2) {
-      }
-    }
+  ensure_read();
+  return g_values[unsigned(which)].load(std::memory_order_acquire);
+}
+
+const char* option_text(Option which) {
+  return option(which) > 0 ? g_stats_file : "";
+}
+
+bool debug_mode() {
+  static std::atomic<int> latched{-1};
+  int value = latched.load(std::memory_order_relaxed);
+  if (TRAY_UNLIKELY(value < 0)) {
+    ensure_read();  // first: the options read from TRAY_OPTIONS must not find debug fixed
+    g_fixed[unsigned(Option::kDebug)].store(true, std::memory_order_release);
+    value = option(Option::kDebug) != 0 ? 1 : 0;
+    latched.store(value, std::memory_order_relaxed);
   }
-  return g_values[unsigned(which)];
+  return value != 0;
+}
+
+int option_set(const char* name, const char* value) {
+  ensure_read();
+  if (name == nullptr || value == nullptr) return EINVAL;
+  const int index = find(name, __builtin_strlen(name));
+  if (index < 0) {
+    warn("tray_option_set", "unknown option", name, __builtin_strlen(name));
+    return EINVAL;
+  }
+  return assign(unsigned(index), value, __builtin_strlen(value), "tray_option_set");
 }
 
 }  // namespace tray

@@ -1,20 +1,37 @@
-// Run-time options, read once from the environment variable TRAY_OPTIONS
-// ("key=value,key=value"), without allocating. An unknown key or a bad value is reported on
-// stderr in one line and the default stays.
+// Run-time options: compiled-in defaults (CMake TRAY_DEFAULT_OPTIONS), then the environment
+// variable TRAY_OPTIONS ("key=value,key=value", read at first use), then tray_option_set()
+// calls; the last word wins. Nothing here allocates. An unknown key or a bad value is reported
+// on stderr in one line and the previous value stays.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tray {
 
 enum class Option : unsigned {
-  kStats,  // stats=1: print a summary of the process's allocator use to stderr at exit
-  kDebug,  // debug=1: checks and 0x1deadb0b fills in the object pools (include/tray), which
-           // read TRAY_OPTIONS themselves; known here so that it is not reported as unknown
+  kStats,        // 1: dump statistics at exit
+  kStatsFile,    // where dumps go ("" for stderr); %p stands for the pid
+  kStatsFormat,  // kStatsText or kStatsJson
+  kStatsSignal,  // signal number that triggers a dump; 0 for none
+  kDebug,        // 1: debug mode (fills, checks); fixed once the allocator has started
+  kDebugAbort,   // 1: a debug error aborts the process; 0: report, count and go on
   kCount,
 };
 
-// The value of an option (parsing TRAY_OPTIONS on first use).
+inline constexpr int64_t kStatsText = 0;
+inline constexpr int64_t kStatsJson = 1;
+
+// The value of an option (reading TRAY_OPTIONS on first use).
 int64_t option(Option which);
+// The text of a string option (stats_file); "" when unset.
+const char* option_text(Option which);
+
+// debug=1, as read at the allocator's first use: from then on tray_option_set cannot change it.
+bool debug_mode();
+
+// tray_option_set: 0, EINVAL (unknown name or bad value; a warning is printed) or EBUSY (the
+// option is fixed at start and the allocator has already read it).
+int option_set(const char* name, const char* value);
 
 }  // namespace tray

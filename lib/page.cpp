@@ -1,6 +1,7 @@
 #include "page.hpp"
 
 #include "core/assert.hpp"
+#include "platform/os.hpp"
 #include "segment.hpp"
 #include "size_classes.hpp"
 #include "stats.hpp"
@@ -23,12 +24,24 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page_extend(page);
   count_add(g_totals.pages_acquired, 1);
   count_add(g_totals.bytes_in_pages, size_t(page->unit_count) * kUnitBytes);
+  ClassTotals& totals = g_totals.classes[size_class];
+  count_max(totals.peak_pages, totals.pages.fetch_add(1, std::memory_order_relaxed) + 1);
   return page;
+}
+
+size_t page_debug_states_bytes(const Page* page) {
+  return align_up(size_t(page->reserved) * sizeof(uint32_t), os::page_size());
 }
 
 void page_release(Page* page) {
   TRAY_ASSERT(page->used == 0 && !page->floating);
   count_sub(g_totals.bytes_in_pages, size_t(page->unit_count) * kUnitBytes);
+  count_sub(g_totals.classes[page->size_class].pages, 1);
+  if (page->debug_states != nullptr) {
+    os::unmap(page->debug_states, page_debug_states_bytes(page));
+    count_sub(g_totals.bytes_metadata, page_debug_states_bytes(page));
+    page->debug_states = nullptr;
+  }
   page->heap = nullptr;
   page->free = nullptr;
   page->capacity = 0;

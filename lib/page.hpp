@@ -11,6 +11,8 @@ namespace tray {
 Page* page_acquire(Heap* heap, unsigned size_class);
 // Returns an empty page (no block live, none in a remote list) to the segment pool.
 void page_release(Page* page);
+// Size of the page's debug state table (one word per block, whole OS pages).
+size_t page_debug_states_bytes(const Page* page);
 // Carves more blocks onto the free list; the page must have untouched blocks left.
 void page_extend(Page* page);
 

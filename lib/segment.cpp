@@ -60,6 +60,7 @@ Segment* segment_map_new() {
   chunk_map_set(s, kSegmentBytes, false);
   count_add(g_totals.segments_mapped, 1);
   count_add(g_totals.bytes_mapped, kSegmentBytes);
+  count_add(g_totals.bytes_decommitted, kSegmentBytes - kUnitBytes);  // untouched so far
   return s;
 }
 
@@ -70,6 +71,7 @@ void segment_unmap(Segment* s) {
   count_sub(g_totals.bytes_mapped, kSegmentBytes);
   // Only empty, purged segments are unmapped: of their memory, only the header was resident.
   count_add(g_totals.bytes_purged, kUnitBytes);
+  count_sub(g_totals.bytes_decommitted, kSegmentBytes - kUnitBytes);
 }
 
 void purge_dirty_units(Segment* s) {
@@ -81,6 +83,7 @@ void purge_dirty_units(Segment* s) {
     dirty &= ~run_mask(first, count);
     g_dirty_bytes -= count * kUnitBytes;
     count_add(g_totals.bytes_purged, count * kUnitBytes);
+    count_add(g_totals.bytes_decommitted, count * kUnitBytes);
   }
   s->dirty_units = 0;
 }
@@ -173,6 +176,7 @@ Page* segment_take_page(unsigned units) {
   }
   const uint64_t mask = run_mask(unsigned(first), units);
   g_dirty_bytes -= size_t(popcount64(s->dirty_units & mask)) * kUnitBytes;
+  count_sub(g_totals.bytes_decommitted, size_t(popcount64(~s->dirty_units & mask)) * kUnitBytes);
   s->dirty_units &= ~mask;
   s->free_units &= ~mask;
   if (s->free_units == 0) list_remove(g_partial, s);

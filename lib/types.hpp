@@ -13,6 +13,7 @@
 
 #include "core/config.hpp"
 #include "size_classes.hpp"
+#include "stats.hpp"
 
 namespace tray {
 
@@ -22,6 +23,7 @@ struct Block {
 };
 
 struct Heap;
+struct Quarantine;
 
 // A page descriptor. It lives in its segment's header, not in the page, so the blocks are
 // all the page holds. Owner-thread fields are plain. `heap` is read by other threads too, but
@@ -44,6 +46,9 @@ struct Page {
   uint8_t* blocks = nullptr;    // address of block 0
   Page* next = nullptr;         // owner: the heap's queue for this class
   Page* prev = nullptr;
+  // Debug mode only: one word per block, written with atomics by whichever thread allocates
+  // or frees the block (see debug.cpp). Mapped on the page's first debug allocation.
+  uint32_t* debug_states = nullptr;
 };
 
 inline constexpr uint32_t kSegmentMagic = 0x54524159;  // "TRAY"
@@ -80,6 +85,8 @@ struct Heap {
   Page* direct[kSizeClassCount];
   PageQueue queues[kSizeClassCount];
   Heap* next_abandoned = nullptr;    // parked without a thread (heaps lock)
+  Heap* next_created = nullptr;      // every heap ever made, newest first; never unlinked
+  Quarantine* quarantine = nullptr;  // debug mode: blocks freed but not yet reusable
   size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
   // Blocks this heap's thread freed into another heap, gathered so that a run of frees to the
   // same heap costs one compare-and-swap instead of one each (see kRemoteBatchBlocks).
@@ -87,6 +94,7 @@ struct Heap {
   Block* outgoing_head = nullptr;
   Block* outgoing_tail = nullptr;
   uint32_t outgoing_count = 0;
+  HeapCounters counters;
   // Blocks of this heap's pages freed by other threads: a lock-free stack that the owner
   // takes whole. On its own cache line so remote frees do not slow the owner's fields.
   alignas(kCacheLineBytes) std::atomic<Block*> remote_free{nullptr};
@@ -106,6 +114,7 @@ struct LargeHeader {
   size_t dirty_bytes;   // from the header to the end of what was ever touched and not purged
   size_t alignment;     // alignment the block was asked with (kept across realloc)
   uint64_t cached_ms;   // when it entered the cache
+  size_t requested;     // debug mode: bytes asked for (the rest up to the end is a canary)
 };
 static_assert(sizeof(LargeHeader) <= kLargeHeaderBytes);
 

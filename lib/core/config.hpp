@@ -60,4 +60,12 @@ inline constexpr size_t kMetaChunkBytes = size_t{256} << 10;
 
 inline constexpr size_t kCacheLineBytes = 64;
 
+// Debug mode: a freed block waits in its freeing thread's quarantine (at most this many blocks
+// and bytes) before it can be handed out again, so a write through a stale pointer has time to
+// land in the fill and be caught, and a double free finds the block still marked free.
+inline constexpr size_t kDebugQuarantineBlocks = 4096;
+inline constexpr size_t kDebugQuarantineBytes = size_t{4} << 20;
+// Debug mode: freed large blocks stay mapped but inaccessible, the newest this many.
+inline constexpr size_t kDebugRetiredLargeCount = 256;
+
 }  // namespace tray

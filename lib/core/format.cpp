@@ -60,6 +60,45 @@ TextBuffer& TextBuffer::size(uint64_t bytes) {
   return dec(bytes).chr(' ').str(kUnits[unit]);
 }
 
+TextBuffer& TextBuffer::human(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return dec(bytes).str(" B");
+  unsigned unit = 0;
+  uint64_t scale = 1024;
+  while (unit < 3 && bytes / scale >= 1024) {
+    scale *= 1024;
+    ++unit;
+  }
+  return ratio(bytes, scale, 1).chr(' ').str(kUnits[unit]);
+}
+
+TextBuffer& TextBuffer::ratio(uint64_t numerator, uint64_t denominator, unsigned digits) {
+  if (denominator == 0) numerator = 0, denominator = 1;
+  // Keep rest * 10 (rest < denominator) inside 64 bits; the digits shown do not change.
+  while (denominator > (uint64_t{1} << 59)) numerator >>= 1, denominator >>= 1;
+  dec(numerator / denominator);
+  if (digits == 0) return *this;
+  chr('.');
+  // Long division, digit by digit, so that no intermediate product can overflow.
+  uint64_t rest = numerator % denominator;
+  for (unsigned i = 0; i < digits; ++i) {
+    const uint64_t scaled = rest * 10;
+    chr(char('0' + scaled / denominator));
+    rest = scaled % denominator;
+  }
+  return *this;
+}
+
+TextBuffer& TextBuffer::align_right(size_t start, size_t width) {
+  const size_t cell = length_ - start;
+  if (cell >= width || length_ + (width - cell) > capacity_) return *this;
+  const size_t shift = width - cell;
+  for (size_t i = length_; i > start; --i) data_[i - 1 + shift] = data_[i - 1];
+  for (size_t i = 0; i < shift; ++i) data_[start + i] = ' ';
+  length_ += shift;
+  return *this;
+}
+
 void TextBuffer::write_to(int fd) const { os::write_fd(fd, data_, length_); }
 
 }  // namespace tray

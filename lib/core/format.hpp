@@ -18,9 +18,15 @@ class TextBuffer {
   TextBuffer& hex(uint64_t value, unsigned min_digits = 1);  // lower-case, no prefix
   TextBuffer& ptr(const void* p);                            // 0x-prefixed
   TextBuffer& size(uint64_t bytes);                          // "64 B", "12 KiB", "3 MiB"
+  TextBuffer& human(uint64_t bytes);                         // "512 B", "1.5 KiB", "12.0 MiB"
+  // numerator/denominator with `digits` decimals, rounded down ("0.934"); 0 if denominator is.
+  TextBuffer& ratio(uint64_t numerator, uint64_t denominator, unsigned digits);
+  // Right-aligns what was written since length `start` in a column of `width` characters.
+  TextBuffer& align_right(size_t start, size_t width);
 
   const char* data() const { return data_; }
   size_t length() const { return length_; }
+  void clear() { length_ = 0; }
   void write_to(int fd) const;
 
  private:

@@ -5,6 +5,7 @@
 // any of these symbols pulls in all of them from the static library, never half of them.
 #include <errno.h>
 #include <malloc.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <atomic>
@@ -14,7 +15,7 @@
 #include "alloc.hpp"
 #include "core/assert.hpp"
 #include "platform/os.hpp"
-#include "stats.hpp"
+#include "report.hpp"
 #include "traymalloc.h"
 
 #define TRAY_PUBLIC extern "C" __attribute__((visibility("default")))
@@ -71,18 +72,43 @@ TRAY_PUBLIC int __posix_memalign(void**, size_t, size_t) noexcept TRAY_ALIAS(pos
 // --- glibc introspection, answered with our numbers ----------------------------------------
 TRAY_PUBLIC int malloc_trim(size_t) noexcept { return tray_trim(); }
 
-// Page-granular: a block is counted "in use" from the moment its page belongs to a heap.
+// glibc's field meanings: arena and fordblks count the pages of the size classes, uordblks
+// their live blocks, ordblks their free blocks; hblks/hblkhd are the large blocks.
 TRAY_PUBLIC struct mallinfo2 mallinfo2() noexcept {
+  tray_stats stats;
+  stats.version = TRAY_STATS_VERSION;
+  stats_collect(&stats);
   struct mallinfo2 info = {};
-  const size_t in_pages = g_totals.bytes_in_pages.load(std::memory_order_relaxed);
-  const size_t large = g_totals.bytes_large.load(std::memory_order_relaxed);
-  const size_t segments = g_totals.segments_mapped.load(std::memory_order_relaxed) * kSegmentBytes;
-  info.arena = segments;
-  info.uordblks = in_pages;
-  info.fordblks = segments > in_pages ? segments - in_pages : 0;
-  info.hblkhd = large;
-  info.hblks = large != 0;
+  for (unsigned c = 0; c < stats.class_count; ++c) {
+    const tray_class_stats& entry = stats.classes[c];
+    const size_t capacity = entry.pages * entry.blocks_per_page;
+    info.arena += entry.pages * entry.page_bytes;
+    info.uordblks += entry.live_blocks * entry.block_bytes;
+    info.ordblks += capacity > entry.live_blocks ? capacity - entry.live_blocks : 0;
+  }
+  info.fordblks = info.arena > info.uordblks ? info.arena - info.uordblks : 0;
+  info.hblks = stats.large.live_blocks;
+  info.hblkhd = stats.large.live_bytes;
   return info;
+}
+
+TRAY_PUBLIC void malloc_stats() noexcept {
+  stats_dump("malloc_stats", nullptr, nullptr, DumpFormat::kText);
+}
+
+namespace {
+void write_to_stream(void* stream, const char* text, size_t length) {
+  fwrite(text, 1, length, static_cast<FILE*>(stream));
+}
+}  // namespace
+
+TRAY_PUBLIC int malloc_info(int options, FILE* stream) noexcept {
+  if (options != 0 || stream == nullptr) {
+    errno = EINVAL;
+    return -1;
+  }
+  stats_dump("malloc_info", write_to_stream, stream, DumpFormat::kMallocInfoXml);
+  return 0;
 }
 
 TRAY_PUBLIC struct mallinfo mallinfo() noexcept {
@@ -94,6 +120,7 @@ TRAY_PUBLIC struct mallinfo mallinfo() noexcept {
   info.fordblks = clamp(wide.fordblks);
   info.hblkhd = clamp(wide.hblkhd);
   info.hblks = clamp(wide.hblks);
+  info.ordblks = clamp(wide.ordblks);
   return info;
 }
 

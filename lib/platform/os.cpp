@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -12,13 +14,29 @@
 
 #include "core/bits.hpp"
 
+// Weak: a static executable then links without the C library's unwinder (and its dlopen),
+// and simply prints no backtrace.
+extern "C" int backtrace(void** frames, int count) __attribute__((weak));
+extern "C" void backtrace_symbols_fd(void* const* frames, int count, int fd)
+    __attribute__((weak));
+
 namespace tray::os {
+
+constinit CallCounts g_calls;
 
 namespace {
 
+void count_call(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
+
 void* map_with(size_t bytes, int prot) {
+  count_call(g_calls.mmap);
   void* p = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
+}
+
+void unmap_range(void* p, size_t bytes) {
+  count_call(g_calls.munmap);
+  munmap(p, bytes);
 }
 
 // Over-map by `alignment` and cut the excess off both ends: three system calls, but segments
@@ -34,8 +52,8 @@ void* map_aligned_with(size_t bytes, size_t alignment, int prot) {
   auto* aligned = reinterpret_cast<char*>(start);
   const size_t head = size_t(aligned - raw);
   const size_t tail = padded - head - bytes;
-  if (head != 0) munmap(raw, head);
-  if (tail != 0) munmap(aligned + bytes, tail);
+  if (head != 0) unmap_range(raw, head);
+  if (tail != 0) unmap_range(aligned + bytes, tail);
   return aligned;
 }
 
@@ -53,7 +71,7 @@ void* reserve_aligned(size_t bytes, size_t alignment) {
 
 void unmap(void* p, size_t bytes) {
   const int saved = errno;  // free() must leave errno alone
-  munmap(p, bytes);
+  unmap_range(p, bytes);
   errno = saved;
 }
 
@@ -61,15 +79,26 @@ void purge(void* p, size_t bytes) {
   // MADV_DONTNEED rather than MADV_FREE: the resident size drops at once, which is what
   // people watching RSS (and our tests) expect; reuse then faults in zero pages.
   const int saved = errno;
+  count_call(g_calls.madvise);
   madvise(p, bytes, MADV_DONTNEED);
   errno = saved;
 }
 
+void protect_none(void* p, size_t bytes) {
+  const int saved = errno;
+  count_call(g_calls.mprotect);
+  mprotect(p, bytes, PROT_NONE);
+  purge(p, bytes);
+  errno = saved;
+}
+
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes) {
+  count_call(g_calls.mremap);
   return mremap(p, old_bytes, new_bytes, 0) != MAP_FAILED;
 }
 
 bool remap_to(void* p, size_t old_bytes, size_t new_bytes, void* target) {
+  count_call(g_calls.mremap);
   return mremap(p, old_bytes, new_bytes, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED;
 }
 
@@ -111,7 +140,93 @@ void write_fd(int fd, const char* text, size_t length) {
 
 int duplicate_fd(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 3); }
 
+int open_append(const char* path) {
+  const int saved = errno;
+  const int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  errno = saved;
+  return fd;
+}
+
+void close_fd(int fd) {
+  const int saved = errno;
+  close(fd);
+  errno = saved;
+}
+
+size_t resident_bytes() {
+  const int saved = errno;
+  const int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  char text[128];
+  ssize_t length = -1;
+  if (fd >= 0) {
+    length = read(fd, text, sizeof text - 1);
+    close(fd);
+  }
+  errno = saved;
+  if (length <= 0) return 0;
+  // "size resident shared ...", in pages.
+  ssize_t i = 0;
+  while (i < length && text[i] != ' ') ++i;
+  size_t pages = 0;
+  for (++i; i < length && text[i] >= '0' && text[i] <= '9'; ++i) pages = pages * 10 + size_t(text[i] - '0');
+  return pages * page_size();
+}
+
 void abort_process() { abort(); }
+
+int signal_number(const char* name, size_t length) {
+  if (length > 3 && memcmp(name, "SIG", 3) == 0) {
+    name += 3;
+    length -= 3;
+  }
+  if (length == 0 || length > 8) return 0;
+  if (name[0] >= '0' && name[0] <= '9') {
+    int number = 0;
+    for (size_t i = 0; i < length; ++i) {
+      if (name[i] < '0' || name[i] > '9') return 0;
+      number = number * 10 + (name[i] - '0');
+    }
+    return number > 0 && number < NSIG ? number : 0;
+  }
+  // Signals a program can spare for a dump; the others have jobs of their own.
+  static constexpr struct {
+    const char* name;
+    int number;
+  } kNames[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP},   {"INT", SIGINT},
+                {"QUIT", SIGQUIT}, {"TERM", SIGTERM}, {"WINCH", SIGWINCH}, {"PROF", SIGPROF},
+                {"URG", SIGURG},   {"TTIN", SIGTTIN}, {"TTOU", SIGTTOU},   {"PWR", SIGPWR}};
+  for (const auto& entry : kNames)
+    if (strlen(entry.name) == length && memcmp(entry.name, name, length) == 0) return entry.number;
+  return 0;
+}
+
+bool set_signal_handler(int signo, void (*handler)(int)) {
+  struct sigaction action;
+  memset(&action, 0, sizeof action);
+  action.sa_handler = handler;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  return sigaction(signo, &action, nullptr) == 0;
+}
+
+namespace {
+std::atomic<bool> g_backtrace_ready{false};
+}  // namespace
+
+void prepare_backtrace() {
+  if (backtrace == nullptr || g_backtrace_ready.load(std::memory_order_relaxed)) return;
+  void* frame[1];
+  backtrace(frame, 1);
+  g_backtrace_ready.store(true, std::memory_order_release);
+}
+
+void write_backtrace(int fd) {
+  if (!g_backtrace_ready.load(std::memory_order_acquire) || backtrace_symbols_fd == nullptr) return;
+  void* frames[32];
+  const int count = backtrace(frames, 32);
+  // Frame 0 is this function; the caller's frames are the report's own and stay useful.
+  if (count > 1) backtrace_symbols_fd(frames + 1, count - 1, fd);
+}
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*)) {
   return pthread_key_create(key, destructor);

@@ -5,10 +5,22 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
 namespace tray::os {
+
+// System calls that change the address space, counted for the statistics (relaxed: they are
+// rare and a dump may read them while they move).
+struct CallCounts {
+  std::atomic<uint64_t> mmap{0};
+  std::atomic<uint64_t> munmap{0};
+  std::atomic<uint64_t> madvise{0};
+  std::atomic<uint64_t> mremap{0};
+  std::atomic<uint64_t> mprotect{0};
+};
+extern CallCounts g_calls;
 
 // Anonymous read-write mapping of `bytes`, or nullptr.
 void* map(size_t bytes);
@@ -19,6 +31,8 @@ void* reserve_aligned(size_t bytes, size_t alignment);
 void unmap(void* p, size_t bytes);
 // Gives the pages back to the OS; the range stays mapped and reads as zero afterwards.
 void purge(void* p, size_t bytes);
+// Makes the range inaccessible (any touch faults) and gives its pages back to the OS.
+void protect_none(void* p, size_t bytes);
 // Grows or shrinks a mapping without moving it; false if the neighbours are in the way.
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes);
 // Moves a mapping onto `target` (a reservation of at least new_bytes), without copying.
@@ -36,7 +50,24 @@ void* next_symbol(const char* name);
 void write_fd(int fd, const char* text, size_t length);
 // A close-on-exec duplicate of fd, or -1.
 int duplicate_fd(int fd);
+// Opens `path` for appending (created 0644 if missing), close-on-exec; -1 on failure.
+int open_append(const char* path);
+void close_fd(int fd);
+// The resident size of the whole process, from /proc/self/statm; 0 if unreadable.
+// Async-signal-safe (open/read/close).
+size_t resident_bytes();
 [[noreturn]] void abort_process();
+
+// Signal number for a name such as "SIGUSR1", "USR1" or "10"; 0 if there is no such signal.
+int signal_number(const char* name, size_t length);
+// Runs handler(signo) on that signal (SA_RESTART), replacing what was there; false on failure.
+bool set_signal_handler(int signo, void (*handler)(int));
+
+// Backtraces for fatal reports. The C library's unwinder loads libgcc_s on its first use,
+// which allocates: prepare_backtrace() does that early, outside the allocator, and
+// write_backtrace() prints nothing until it has.
+void prepare_backtrace();
+void write_backtrace(int fd);
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*));
 void thread_key_set(pthread_key_t key, const void* value);

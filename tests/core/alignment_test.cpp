@@ -127,7 +127,7 @@ TEST(Alignment, MemalignRoundsUpToAPowerOfTwo) {
 }
 
 TEST(Alignment, FreeAlignedSizedReleasesEveryKindOfBlock) {
-  const size_t large_before = tray_test::totals_now().bytes_large;
+  const size_t large_before = tray_test::stats_now().large.live_bytes;
   for (size_t alignment : alignments_up_to(4 * kMiB)) {
     for (size_t size : kSweepSizes) {
       void* p = tray_aligned_alloc(alignment, size);
@@ -136,7 +136,7 @@ TEST(Alignment, FreeAlignedSizedReleasesEveryKindOfBlock) {
       tray_free_aligned_sized(p, alignment, size);
     }
   }
-  EXPECT_EQ(tray_test::totals_now().bytes_large, large_before);
+  EXPECT_EQ(tray_test::stats_now().large.live_bytes, large_before);
 }
 
 // Aligned blocks from the small classes are carved inside pages: the blocks around them must

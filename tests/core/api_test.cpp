@@ -51,11 +51,11 @@ TEST(Api, MallocZeroReturnsDistinctFreeablePointers) {
 }
 
 TEST(Api, FreeOfNullDoesNothing) {
-  const tray_totals before = tray_test::totals_now();
+  const tray_stats before = tray_test::stats_now();
   tray_free(nullptr);
   tray_free_sized(nullptr, 0);
   tray_free_aligned_sized(nullptr, 64, 0);
-  EXPECT_EQ(tray_test::totals_now().foreign_frees, before.foreign_frees);
+  EXPECT_EQ(tray_test::stats_now().foreign_frees, before.foreign_frees);
   void* p = tray_malloc(32);  // the allocator still works afterwards
   ASSERT_NE(p, nullptr);
   tray_free(p);
@@ -162,14 +162,14 @@ TEST(Api, WholeUsableSizeIsWritableWithoutTouchingNeighbours) {
 }
 
 TEST(Api, FreeSizedReleasesTheBlock) {
-  const size_t large_before = tray_test::totals_now().bytes_large;
+  const size_t large_before = tray_test::stats_now().large.live_bytes;
   for (size_t size : sizes_across_classes()) {
     void* p = tray_malloc(size);
     ASSERT_NE(p, nullptr) << size;
     tray_test::fill_pattern(p, size);
     tray_free_sized(p, size);
   }
-  EXPECT_EQ(tray_test::totals_now().bytes_large, large_before);
+  EXPECT_EQ(tray_test::stats_now().large.live_bytes, large_before);
 }
 
 TEST(Api, OwnsWhatItAllocatedAndNothingElse) {
@@ -205,9 +205,9 @@ TEST(Api, FreeOfAForeignPointerIsIgnoredAndCounted) {
   ASSERT_NE(foreign, nullptr);
   tray_test::fill_sequence(foreign, 48, 99);
 
-  const size_t foreign_before = tray_test::totals_now().foreign_frees;
+  const size_t foreign_before = tray_test::stats_now().foreign_frees;
   tray_free(foreign);
-  EXPECT_EQ(tray_test::totals_now().foreign_frees, foreign_before + 1);
+  EXPECT_EQ(tray_test::stats_now().foreign_frees, foreign_before + 1);
 
   EXPECT_TRUE(tray_test::sequence_intact(foreign, 48, 99));
   EXPECT_TRUE(tray_test::pattern_intact(mine, 48));
@@ -219,40 +219,34 @@ TEST(Api, FreeOfAForeignPointerIsIgnoredAndCounted) {
   std::free(foreign);
 }
 
-TEST(Api, TotalsRejectAnOlderLayout) {
-  tray_totals totals{};
-  totals.version = sizeof totals;
-  EXPECT_EQ(tray_totals_get(&totals), 0);
-  totals.version = sizeof totals - sizeof(size_t);
-  EXPECT_EQ(tray_totals_get(&totals), -1);
-  totals.version = 0;
-  EXPECT_EQ(tray_totals_get(&totals), -1);
+TEST(Api, StatsRejectAnUnknownVersion) {
+  tray_stats stats{};
+  stats.version = TRAY_STATS_VERSION + 1;
+  EXPECT_EQ(tray_stats_get(&stats), EINVAL);
+  stats.version = 0;
+  EXPECT_EQ(tray_stats_get(&stats), EINVAL);
+  EXPECT_EQ(tray_stats_get(nullptr), EINVAL);
+  stats.version = TRAY_STATS_VERSION;
+  EXPECT_EQ(tray_stats_get(&stats), 0);
+  EXPECT_EQ(stats.class_count, 49u);
 }
 
-TEST(Api, TotalsFollowALargeBlock) {
+TEST(Api, StatsFollowALargeBlock) {
   constexpr size_t kSize = 3 * kMiB;
-  const tray_totals before = tray_test::totals_now();
+  const tray_stats before = tray_test::stats_now();
   void* p = tray_malloc(kSize);
   ASSERT_NE(p, nullptr);
-  const tray_totals during = tray_test::totals_now();
-  EXPECT_EQ(during.version, sizeof(tray_totals));
-  EXPECT_EQ(during.large_allocations, before.large_allocations + 1);
-  EXPECT_GE(during.bytes_large, before.bytes_large + kSize);
-  EXPECT_GE(during.bytes_mapped, kSize);
+  const tray_stats during = tray_test::stats_now();
+  EXPECT_EQ(during.large.allocations, before.large.allocations + 1);
+  EXPECT_EQ(during.large.live_blocks, before.large.live_blocks + 1);
+  EXPECT_GE(during.large.live_bytes, before.large.live_bytes + kSize);
+  EXPECT_GE(during.large.peak_bytes, during.large.live_bytes);
+  EXPECT_GE(during.large.mapped_bytes, kSize);
+  EXPECT_GE(during.mapped_bytes, kSize);
   tray_free(p);
-  EXPECT_EQ(tray_test::totals_now().bytes_large, before.bytes_large);
-}
-
-TEST(Api, TotalsCountSmallPages) {
-  void* p = tray_malloc(64);
-  ASSERT_NE(p, nullptr);
-  const tray_totals totals = tray_test::totals_now();
-  EXPECT_GT(totals.bytes_mapped, 0u);
-  EXPECT_GT(totals.bytes_in_pages, 0u);
-  EXPECT_GT(totals.segments_mapped, 0u);
-  EXPECT_GT(totals.pages_acquired, 0u);
-  EXPECT_GE(totals.heaps_created, 1u);
-  tray_free(p);
+  const tray_stats after = tray_test::stats_now();
+  EXPECT_EQ(after.large.live_bytes, before.large.live_bytes);
+  EXPECT_EQ(after.large.frees, before.large.frees + 1);
 }
 
 }  // namespace

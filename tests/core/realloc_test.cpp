@@ -53,12 +53,12 @@ TEST(Realloc, ToZeroFreesTheBlock) {
   ASSERT_NE(small, nullptr);
   EXPECT_EQ(tray_realloc(small, 0), nullptr);
 
-  const size_t large_before = tray_test::totals_now().bytes_large;
+  const size_t large_before = tray_test::stats_now().large.live_bytes;
   void* large = tray_malloc(2 * kMiB);
   ASSERT_NE(large, nullptr);
-  EXPECT_GT(tray_test::totals_now().bytes_large, large_before);
+  EXPECT_GT(tray_test::stats_now().large.live_bytes, large_before);
   EXPECT_EQ(tray_realloc(large, 0), nullptr);
-  EXPECT_EQ(tray_test::totals_now().bytes_large, large_before);
+  EXPECT_EQ(tray_test::stats_now().large.live_bytes, large_before);
 }
 
 TEST(Realloc, KeepsContentsBetweenSmallClasses) {

@@ -79,8 +79,8 @@ TEST(Rss, SmallBlocksAreReturnedWithoutTrim) {
   ASSERT_NO_FATAL_FAILURE(small_block_burst(kSmallBurstBytes));
   const size_t after = tray_test::resident_bytes();
 
-  const tray_totals totals = tray_test::totals_now();
-  EXPECT_GE(totals.bytes_purged, kSmallBurstBytes / 2) << "freed pages were not given back";
+  const tray_stats stats = tray_test::stats_now();
+  EXPECT_GE(stats.released_bytes, kSmallBurstBytes / 2) << "freed pages were not given back";
   if (tray_test::kResidentBoundsHold) {
     EXPECT_LE(after, before + tray_test::rss_slack(before))
         << "resident before " << before / kMiB << " MiB, after " << after / kMiB << " MiB";
@@ -104,7 +104,7 @@ TEST(Rss, SmallBlocksAreReturnedByTrim) {
 
 TEST(Rss, LargeBlocksAreReturnedByTrim) {
   ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
-  const size_t large_bytes_before = tray_test::totals_now().bytes_large;
+  const size_t large_bytes_before = tray_test::stats_now().large.live_bytes;
   const size_t before = tray_test::resident_bytes();
   void* blocks[kLargeBlockCount];
   for (void*& p : blocks) {
@@ -116,7 +116,7 @@ TEST(Rss, LargeBlocksAreReturnedByTrim) {
   tray_trim();
   const size_t after = tray_test::resident_bytes();
 
-  EXPECT_EQ(tray_test::totals_now().bytes_large, large_bytes_before);
+  EXPECT_EQ(tray_test::stats_now().large.live_bytes, large_bytes_before);
   if (tray_test::kResidentBoundsHold) {
     EXPECT_LE(after, before + tray_test::rss_slack(before))
         << "resident before " << before / kMiB << " MiB, after " << after / kMiB << " MiB";

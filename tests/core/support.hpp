@@ -164,12 +164,12 @@ inline bool free_checked(const Block& block) {
   return intact;
 }
 
-// The allocator's process-wide counters.
-inline tray_totals totals_now() {
-  tray_totals totals{};
-  totals.version = sizeof totals;
-  EXPECT_EQ(tray_totals_get(&totals), 0);
-  return totals;
+// The allocator's statistics now.
+inline tray_stats stats_now() {
+  tray_stats stats{};
+  stats.version = TRAY_STATS_VERSION;
+  EXPECT_EQ(tray_stats_get(&stats), 0);
+  return stats;
 }
 
 }  // namespace tray_test

@@ -104,7 +104,7 @@ void stress_thread(unsigned self, size_t allocations, StressShared& shared) {
 TEST(Threads, CrossThreadFreesUnderStress) {
   constexpr unsigned kThreads = 4;
   const size_t allocations_per_thread = tray_test::scaled(400000);
-  const size_t large_bytes_before = tray_test::totals_now().bytes_large;
+  const size_t large_bytes_before = tray_test::stats_now().large.live_bytes;
 
   StressShared shared(kThreads);
   std::vector<std::thread> threads;
@@ -118,7 +118,7 @@ TEST(Threads, CrossThreadFreesUnderStress) {
   EXPECT_EQ(shared.problems.corrupt_blocks.load(), 0u);
   EXPECT_EQ(shared.problems.failed_allocations.load(), 0u);
   EXPECT_GT(shared.blocks_posted.load(), allocations_per_thread / 10);
-  EXPECT_EQ(tray_test::totals_now().bytes_large, large_bytes_before);
+  EXPECT_EQ(tray_test::stats_now().large.live_bytes, large_bytes_before);
 }
 
 // Blocks too big for the large-block cache are mapped and unmapped on every call, so the
@@ -172,7 +172,7 @@ void churn_thread(size_t index, std::vector<Block>& handed_over, Problems& probl
 TEST(Threads, ShortLivedThreadsReuseHeapsAndMemory) {
   constexpr size_t kConcurrent = 4;
   const size_t thread_total = tray_test::scaled(3000);
-  const size_t heaps_before = tray_test::totals_now().heaps_created;
+  const size_t heaps_before = tray_test::stats_now().heaps_created;
   Problems problems;
   size_t rss_after_first_third = 0;
 
@@ -193,7 +193,7 @@ TEST(Threads, ShortLivedThreadsReuseHeapsAndMemory) {
   EXPECT_EQ(problems.failed_allocations.load(), 0u);
   // A heap whose thread exited is taken over by the next thread: the batch size, plus the
   // main thread's own heap, bounds how many were ever needed.
-  EXPECT_LE(tray_test::totals_now().heaps_created - heaps_before, kConcurrent + 2);
+  EXPECT_LE(tray_test::stats_now().heaps_created - heaps_before, kConcurrent + 2);
   if (tray_test::kResidentBoundsHold) {
     EXPECT_LE(rss_at_end, rss_after_first_third + tray_test::rss_slack(rss_after_first_third))
         << "resident memory kept growing while threads came and went";

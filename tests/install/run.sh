@@ -58,7 +58,7 @@ LD_LIBRARY_PATH=$(pkg-config --variable=libdir traymalloc) \
 # --- the installed tray-run finds the installed library -----------------------------------
 TRAY_OPTIONS=stats=1 "$prefix/bin/tray-run" bash -c 'exit 0' 2>"$work/tray-run.err" ||
   fail "installed tray-run failed: $(<"$work/tray-run.err")"
-grep -Eq '^traymalloc: stats: pid=[0-9]+ pages_acquired=[1-9]' "$work/tray-run.err" ||
+grep -Eq '^  small: [1-9][0-9]* live blocks .* in [1-9][0-9]* pages' "$work/tray-run.err" ||
   fail "installed tray-run did not preload traymalloc: $(<"$work/tray-run.err")"
 
 echo "PASS"

@@ -46,13 +46,13 @@ class DeepBind : public testing::Test {
 TEST_F(DeepBind, UnlinkedPluginStrdupIsOursAndTheProgramFreesIt) {
   Plugin plugin(TRAY_DEEPBIND_PLUGIN);
   ASSERT_TRUE(plugin.loaded()) << dlerror();
-  const size_t foreign_before = tray_.totals().foreign_frees;
+  const size_t foreign_before = tray_.stats().foreign_frees;
   char* text = plugin.strdup("duplicated by a deep-bound plugin");
   ASSERT_NE(text, nullptr);
   EXPECT_EQ(tray_.owns(text), 1);
   EXPECT_STREQ(text, "duplicated by a deep-bound plugin");
   free(text);
-  EXPECT_EQ(tray_.totals().foreign_frees, foreign_before);
+  EXPECT_EQ(tray_.stats().foreign_frees, foreign_before);
 }
 
 TEST_F(DeepBind, UnlinkedPluginMallocIsLibcsAndTheProgramFreesIt) {
@@ -61,7 +61,7 @@ TEST_F(DeepBind, UnlinkedPluginMallocIsLibcsAndTheProgramFreesIt) {
   const tray_test::LibcMalloc libc = tray_test::LibcMalloc::find();
   ASSERT_TRUE(libc.present());
   const size_t libc_before = libc.bytes_in_use();
-  const size_t foreign_before = tray_.totals().foreign_frees;
+  const size_t foreign_before = tray_.stats().foreign_frees;
   void* block = plugin.malloc(3000);
   ASSERT_NE(block, nullptr);
   EXPECT_EQ(tray_.owns(block), 0);
@@ -69,13 +69,13 @@ TEST_F(DeepBind, UnlinkedPluginMallocIsLibcsAndTheProgramFreesIt) {
   memset(block, 7, 3000);
   free(block);
   EXPECT_EQ(libc.bytes_in_use(), libc_before);
-  EXPECT_EQ(tray_.totals().foreign_frees, foreign_before + 1);
+  EXPECT_EQ(tray_.stats().foreign_frees, foreign_before + 1);
 }
 
 TEST_F(DeepBind, LinkedPluginAndProgramShareTraymallocBothWays) {
   Plugin plugin(TRAY_DEEPBIND_PLUGIN_LINKED);
   ASSERT_TRUE(plugin.loaded()) << dlerror();
-  const size_t foreign_before = tray_.totals().foreign_frees;
+  const size_t foreign_before = tray_.stats().foreign_frees;
 
   char* from_plugin = plugin.strdup("duplicated by a deep-bound plugin");
   EXPECT_EQ(tray_.owns(from_plugin), 1);
@@ -88,7 +88,7 @@ TEST_F(DeepBind, LinkedPluginAndProgramShareTraymallocBothWays) {
   EXPECT_EQ(tray_.owns(from_program), 1);
   plugin.free(from_program);
   plugin.free(malloc(5000));
-  EXPECT_EQ(tray_.totals().foreign_frees, foreign_before);
+  EXPECT_EQ(tray_.stats().foreign_frees, foreign_before);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ TEST(DlopenedLibrary, ConstructorBlocksAreOursAndOutliveTheLibrary) {
   const tray_test::LoadedTray tray = tray_test::LoadedTray::find();
   ASSERT_TRUE(tray.present()) << "libtraymalloc.so is neither preloaded nor linked";
 
-  const size_t foreign_before = tray.totals().foreign_frees;
+  const size_t foreign_before = tray.stats().foreign_frees;
   void* library = dlopen(TRAY_DLOPEN_ALLOC_LIBRARY, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(library, nullptr) << dlerror();
   auto loaded_block = reinterpret_cast<void* (*)(size_t, size_t*)>(dlsym(library, "loaded_block"));
@@ -58,7 +58,7 @@ TEST(DlopenedLibrary, ConstructorBlocksAreOursAndOutliveTheLibrary) {
   }
   EXPECT_STREQ(text, "allocated when the library was loaded");
   free(text);
-  EXPECT_EQ(tray.totals().foreign_frees, foreign_before);  // every free found its block
+  EXPECT_EQ(tray.stats().foreign_frees, foreign_before);  // every free found its block
 }
 
 }  // namespace

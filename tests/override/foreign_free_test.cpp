@@ -84,7 +84,7 @@ class ForeignPointers : public testing::Test {
 
 TEST_F(ForeignPointers, FreeHandsLibcBlocksBackToLibc) {
   const size_t libc_before = libc_.bytes_in_use();
-  const size_t foreign_before = tray_.totals().foreign_frees;
+  const size_t foreign_before = tray_.stats().foreign_frees;
   std::vector<void*> blocks;
   for (size_t size : kBinnedSizes) {
     void* p = libc_.malloc(size);
@@ -99,13 +99,13 @@ TEST_F(ForeignPointers, FreeHandsLibcBlocksBackToLibc) {
   for (void* p : blocks) free(p);
   EXPECT_EQ(capture.text(), "");
   EXPECT_EQ(libc_.bytes_in_use(), libc_before);
-  EXPECT_EQ(tray_.totals().foreign_frees, foreign_before + kBinnedSizes.size());
+  EXPECT_EQ(tray_.stats().foreign_frees, foreign_before + kBinnedSizes.size());
 }
 
 // glibc's per-thread cache is LIFO: a small block that really went back to glibc is the next
 // one glibc hands out for that size.
 TEST_F(ForeignPointers, FreeHandsSmallLibcBlocksBackToLibcsCache) {
-  const size_t foreign_before = tray_.totals().foreign_frees;
+  const size_t foreign_before = tray_.stats().foreign_frees;
   for (size_t size : kCachedSizes) {
     void* p = libc_.malloc(size);
     EXPECT_EQ(tray_.owns(p), 0) << size;
@@ -116,7 +116,7 @@ TEST_F(ForeignPointers, FreeHandsSmallLibcBlocksBackToLibcsCache) {
     EXPECT_EQ(again, p) << size;
     libc_.free(again);
   }
-  EXPECT_EQ(tray_.totals().foreign_frees, foreign_before + kCachedSizes.size());
+  EXPECT_EQ(tray_.stats().foreign_frees, foreign_before + kCachedSizes.size());
 }
 
 TEST_F(ForeignPointers, ReallocResizesLibcBlocksWithLibc) {

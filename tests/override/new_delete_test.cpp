@@ -28,8 +28,8 @@ constexpr std::align_val_t kCacheLine{64};
 constexpr std::align_val_t kFourMiB{size_t{4} << 20};
 
 size_t live_large_bytes() {
-  tray_totals t{sizeof(tray_totals)};
-  return tray_totals_get(&t) == 0 ? t.bytes_large : SIZE_MAX;
+  tray_stats s{TRAY_STATS_VERSION};
+  return tray_stats_get(&s) == 0 ? s.large.live_bytes : SIZE_MAX;
 }
 
 // Runs allocate() then release() on one large block and checks that the block was ours,

@@ -19,19 +19,19 @@ namespace tray_test {
 // program that is only preloaded cannot link against them; null when traymalloc is absent.
 struct LoadedTray {
   decltype(&tray_owns) owns;
-  decltype(&tray_totals_get) totals_get;
+  decltype(&tray_stats_get) stats_get;
 
   static LoadedTray find() {
     return {reinterpret_cast<decltype(&tray_owns)>(dlsym(RTLD_DEFAULT, "tray_owns")),
-            reinterpret_cast<decltype(&tray_totals_get)>(dlsym(RTLD_DEFAULT, "tray_totals_get"))};
+            reinterpret_cast<decltype(&tray_stats_get)>(dlsym(RTLD_DEFAULT, "tray_stats_get"))};
   }
-  bool present() const { return owns != nullptr && totals_get != nullptr; }
+  bool present() const { return owns != nullptr && stats_get != nullptr; }
 
-  tray_totals totals() const {
-    tray_totals t{};
-    t.version = sizeof t;
-    totals_get(&t);
-    return t;
+  tray_stats stats() const {
+    tray_stats s{};
+    s.version = TRAY_STATS_VERSION;
+    stats_get(&s);
+    return s;
   }
 };
 

@@ -250,8 +250,8 @@ TEST(Pvalloc, IsPageAlignedWithUsableSizeRoundedUpToPages) {
 TEST(MallocUsableSize, NullIsZero) { EXPECT_EQ(malloc_usable_size(nullptr), 0u); }
 
 TEST(FreeSized, GivesSmallAndLargeBlocksBack) {
-  tray_totals before{sizeof(tray_totals)};
-  ASSERT_EQ(tray_totals_get(&before), 0);
+  tray_stats before{TRAY_STATS_VERSION};
+  ASSERT_EQ(tray_stats_get(&before), 0);
   for (size_t size : {size_t{24}, size_t{5000}, size_t{2} << 20}) {
     void* p = malloc(size);
     EXPECT_EQ(tray_owns(p), 1);
@@ -261,9 +261,9 @@ TEST(FreeSized, GivesSmallAndLargeBlocksBack) {
   EXPECT_EQ(tray_owns(aligned), 1);
   free_aligned_sized(aligned, 4096, size_t{3} << 20);
   free_sized(nullptr, 0);
-  tray_totals after{sizeof(tray_totals)};
-  ASSERT_EQ(tray_totals_get(&after), 0);
-  EXPECT_EQ(after.bytes_large, before.bytes_large);  // both large blocks were released
+  tray_stats after{TRAY_STATS_VERSION};
+  ASSERT_EQ(tray_stats_get(&after), 0);
+  EXPECT_EQ(after.large.live_bytes, before.large.live_bytes);  // both large blocks were released
   EXPECT_EQ(after.foreign_frees, before.foreign_frees);
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs real programs from Debian with libtraymalloc.so preloaded, checks their results against
 # answers computed once under glibc's malloc, and checks that traymalloc served them: with
-# TRAY_OPTIONS=stats=1 every process prints one stats line to stderr at exit.
+# TRAY_OPTIONS=stats=1 every process prints its statistics to stderr at exit.
 #
 # Usage: preload_programs.sh LIBTRAYMALLOC {python|perl|git|sqlite|sort|all}
 # Exit status: 0 pass, 1 fail, 77 the program is not installed (ctest reports it as skipped).
@@ -27,8 +27,9 @@ require() {
 # and must hold no other message from traymalloc (those report misuse or corruption).
 check_served() {
   local stderr_file=$1 what=$2
-  grep -Eq '^traymalloc: stats: pid=[0-9]+ pages_acquired=[1-9]' "$stderr_file" ||
-    { cat "$stderr_file" >&2; fail "$what: no stats line with pages_acquired >= 1 on stderr"; }
+  grep -Eq '^traymalloc: stats: pid=[0-9]+ reason=exit$' "$stderr_file" &&
+    grep -Eq '^  small: [1-9][0-9]* live blocks .* in [1-9][0-9]* pages' "$stderr_file" ||
+    { cat "$stderr_file" >&2; fail "$what: no statistics with live blocks in pages on stderr"; }
   if awk '/traymalloc/ && !/^traymalloc: stats: / { found = 1 } END { exit !found }' \
        "$stderr_file"; then
     cat "$stderr_file" >&2

@@ -38,11 +38,11 @@ grep -q 'TRAY_LIB=.*missing.so is not a file' "$work/err" || fail "unclear error
 expect_status 0 env TRAY_LIB="$library" LD_PRELOAD=libm.so.6 "$tray_run" "${print_preload[@]}"
 [[ $(<"$work/out") == "$library:libm.so.6" ]] || fail "LD_PRELOAD was '$(<"$work/out")'"
 
-# The program runs on traymalloc: its stats line appears at exit (bash leaves through exit();
-# dash's _exit would skip the line).
+# The program runs on traymalloc: its statistics appear at exit (bash leaves through exit();
+# dash's _exit would skip them).
 expect_status 0 env TRAY_LIB="$library" TRAY_OPTIONS=stats=1 "$tray_run" bash -c 'exit 0'
-grep -Eq '^traymalloc: stats: pid=[0-9]+ pages_acquired=[1-9]' "$work/err" ||
-  fail "no traymalloc stats line: $(<"$work/err")"
+grep -Eq '^  small: [1-9][0-9]* live blocks .* in [1-9][0-9]* pages' "$work/err" ||
+  fail "no traymalloc statistics: $(<"$work/err")"
 
 # The program's exit status comes through.
 expect_status 3 env TRAY_LIB="$library" "$tray_run" sh -c 'exit 3'

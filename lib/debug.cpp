@@ -1,0 +1,450 @@
+#include "debug.hpp"
+
+#include <errno.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <new>
+
+#include "core/config.hpp"
+#include "core/format.hpp"
+#include "heap.hpp"
+#include "large.hpp"
+#include "options.hpp"
+#include "page.hpp"
+#include "platform/os.hpp"
+#include "segment.hpp"
+#include "stats.hpp"
+#include "traymalloc.h"
+
+namespace tray {
+
+// Blocks a heap's thread freed, oldest first, in a ring.
+struct Quarantine {
+  size_t oldest = 0;
+  size_t count = 0;
+  size_t bytes = 0;
+  Block* blocks[kDebugQuarantineBlocks];
+};
+
+namespace {
+
+constexpr uint32_t kFreedPattern = TRAY_FREED_PATTERN;
+constexpr uint32_t kAllocPattern = TRAY_ALLOC_PATTERN;
+constexpr uint8_t kCanaryByte = TRAY_CANARY_BYTE;
+// Block states in a page's table; a live block's state is its requested size + 1.
+constexpr uint32_t kStateNever = 0;  // carved, never handed out
+constexpr uint32_t kStateFreed = UINT32_MAX;
+constexpr size_t kLinkBytes = sizeof(Block);  // the free-list link, once out of quarantine
+constexpr size_t kNaturalAlignment = 16;
+constexpr size_t kNone = SIZE_MAX;
+
+std::atomic<LargeHeader*> g_retired_large[kDebugRetiredLargeCount];
+std::atomic<size_t> g_retired_next{0};
+
+// --- reports -----------------------------------------------------------------------------
+// One line on stderr, a backtrace, then abort, or (debug_abort=0) count it and go on.
+class Report {
+ public:
+  Report() : out_(storage_, sizeof storage_) { out_.str("traymalloc: "); }
+  TextBuffer& text() { return out_; }
+  TRAY_COLD void finish() {
+    out_.chr('\n');
+    out_.write_to(STDERR_FILENO);
+    os::write_backtrace(STDERR_FILENO);
+    if (option(Option::kDebugAbort) != 0) {
+      static constexpr char kHint[] =
+          "traymalloc: aborting (TRAY_OPTIONS=debug_abort=0 reports and goes on)\n";
+      os::write_fd(STDERR_FILENO, kHint, sizeof kHint - 1);
+      os::abort_process();
+    }
+    count_add(g_totals.debug_errors, 1);
+  }
+
+ private:
+  char storage_[512];
+  TextBuffer out_;
+};
+
+TextBuffer& size_class_text(TextBuffer& out, const Page* page) {
+  return out.str("size class ").dec(page->block_bytes).str(" B");
+}
+
+TRAY_COLD void report_write_after_free(const void* block, const Page* page, size_t offset,
+                                       uint32_t found) {
+  Report report;
+  report.text().str("write after free: block ").ptr(block).str(" (");
+  size_class_text(report.text(), page).str(") modified at offset ").dec(offset);
+  report.text().str(" (found 0x").hex(found, 8).str(", expected 0x").hex(kFreedPattern, 8).chr(')');
+  report.finish();
+}
+
+TRAY_COLD void report_broken_link(const void* block, const Page* page, const void* link) {
+  Report report;
+  report.text().str("write after free: block ").ptr(block).str(" (");
+  size_class_text(report.text(), page).str(") modified at offset 0 (found ").ptr(link);
+  report.text().str(", expected a free-list link to a free block of its page)");
+  report.finish();
+}
+
+TRAY_COLD void report_double_free(const char* op, const void* p, const Page* page,
+                                  const LargeHeader* header) {
+  Report report;
+  if (op[0] == 'f') report.text().str("double free of ").ptr(p).str(" (");
+  else report.text().str(op).str(" of freed block ").ptr(p).str(" (");
+  if (page != nullptr) size_class_text(report.text(), page);
+  else report.text().str("large block of ").dec(header->requested).str(" requested bytes");
+  report.text().chr(')');
+  report.finish();
+}
+
+TRAY_COLD void report_overflow(const void* p, size_t requested, size_t offset, const Page* page) {
+  Report report;
+  report.text().str("heap buffer overflow: block ").ptr(p).str(" of ").dec(requested);
+  report.text().str(" requested bytes written at offset ").dec(offset).str(" (");
+  if (page != nullptr) size_class_text(report.text(), page).chr(')');
+  else report.text().str("large block)");
+  report.finish();
+}
+
+// "<op> of invalid pointer P: <why>"; the caller writes the why into the returned report.
+class InvalidPointer : public Report {
+ public:
+  InvalidPointer(const char* op, const void* p) {
+    text().str(op).str(" of invalid pointer ").ptr(p).str(": ");
+  }
+};
+
+// --- fills -------------------------------------------------------------------------------
+// Native 32-bit words from `from` (a multiple of 4) up to `to`; a partial last word gets the
+// pattern's first bytes, so the fill reads the same at every word boundary.
+void fill_words(uint8_t* p, size_t from, size_t to, uint32_t word) {
+  size_t i = from;
+  for (; i + 4 <= to; i += 4) std::memcpy(p + i, &word, 4);
+  if (i < to) std::memcpy(p + i, &word, to - i);
+}
+
+size_t first_changed_word(const uint8_t* p, size_t from, size_t to, uint32_t word,
+                          uint32_t* found) {
+  for (size_t i = from; i + 4 <= to; i += 4) {
+    std::memcpy(found, p + i, 4);
+    if (*found != word) return i;
+  }
+  return kNone;
+}
+
+size_t first_changed_byte(const uint8_t* p, size_t from, size_t to, uint8_t byte) {
+  for (size_t i = from; i < to; ++i)
+    if (p[i] != byte) return i;
+  return kNone;
+}
+
+// --- block states ------------------------------------------------------------------------
+uint32_t* states_of(Page* page) {
+  if (page->debug_states == nullptr) {
+    const size_t bytes = page_debug_states_bytes(page);
+    void* table = os::map(bytes);  // zero: every block starts as never handed out
+    if (table == nullptr) return nullptr;
+    count_add(g_totals.bytes_metadata, bytes);
+    page->debug_states = static_cast<uint32_t*>(table);
+  }
+  return page->debug_states;
+}
+
+uint32_t state_load(const Page* page, size_t index) {
+  return page->debug_states == nullptr ? kStateNever
+                                       : __atomic_load_n(&page->debug_states[index], __ATOMIC_ACQUIRE);
+}
+
+uint32_t block_index(const Page* page, const void* block) {
+  return uint32_t(size_t(static_cast<const uint8_t*>(block) - page->blocks) / page->block_bytes);
+}
+
+// A free-list link the allocator could have written: null, or a carved, non-live block of the
+// same page.
+bool link_is_valid(const Page* page, const Block* link) {
+  if (link == nullptr) return true;
+  const auto address = reinterpret_cast<uintptr_t>(link);
+  const auto start = reinterpret_cast<uintptr_t>(page->blocks);
+  if (address < start) return false;
+  const size_t offset = address - start;
+  if (offset % page->block_bytes != 0 || offset / page->block_bytes >= page->capacity) return false;
+  const uint32_t state = state_load(page, offset / page->block_bytes);
+  return state == kStateNever || state == kStateFreed;
+}
+
+Heap* own_heap() {
+  Heap* heap = tls_own_heap;
+  return heap != nullptr ? heap : heap_attach_thread();
+}
+
+// --- the live block behind a pointer -------------------------------------------------------
+struct LiveBlock {
+  Page* page = nullptr;             // a small block...
+  LargeHeader* header = nullptr;    // ...or a large one
+  uint32_t state = 0;               // small: requested + 1
+  size_t requested = 0;
+  size_t block_bytes = 0;           // usable bytes (up to where the canary ends)
+};
+
+bool find_small(const char* op, void* p, LiveBlock* out, bool report) {
+  Page* page = page_of(segment_of(p), p);
+  const auto* bytes = static_cast<const uint8_t*>(p);
+  if (page->heap == nullptr || bytes < page->blocks) {
+    if (report) {
+      InvalidPointer error(op, p);
+      error.text().str("it lies in traymalloc memory that holds no block");
+      error.finish();
+    }
+    return false;
+  }
+  const size_t offset = size_t(bytes - page->blocks);
+  if (offset % page->block_bytes != 0) {
+    if (report) {
+      InvalidPointer error(op, p);
+      error.text().str("not the start of a block (").dec(offset % page->block_bytes);
+      error.text().str(" bytes into block ").ptr(bytes - offset % page->block_bytes).str(" of ");
+      size_class_text(error.text(), page).chr(')');
+      error.finish();
+    }
+    return false;
+  }
+  const uint32_t state = state_load(page, offset / page->block_bytes);
+  if (state == kStateFreed) {
+    if (report) report_double_free(op, p, page, nullptr);
+    return false;
+  }
+  if (state == kStateNever) {
+    if (report) {
+      InvalidPointer error(op, p);
+      error.text().str("a block of ");
+      size_class_text(error.text(), page).str(" that was never allocated");
+      error.finish();
+    }
+    return false;
+  }
+  *out = LiveBlock{page, nullptr, state, state - 1, page->block_bytes};
+  return true;
+}
+
+bool find_large(const char* op, void* p, uint8_t kind, LiveBlock* out, bool report) {
+  LargeHeader* header = large_mapping_of(p, kind);
+  if (header == nullptr || (header->user != p && header->user != nullptr)) {
+    if (report) {
+      InvalidPointer error(op, p);
+      error.text().str("not the start of a block (it lies inside a large block");
+      if (header != nullptr) error.text().str(" at ").ptr(header->user);
+      error.text().chr(')');
+      error.finish();
+    }
+    return false;
+  }
+  if (header->user == nullptr) {
+    if (report) report_double_free(op, p, nullptr, header);
+    return false;
+  }
+  *out = LiveBlock{nullptr, header, 0, header->requested, large_usable_size(header)};
+  return true;
+}
+
+bool find_live(const char* op, void* p, LiveBlock* out, bool report) {
+  const uint8_t kind = chunk_kind(p);
+  if (kind == kChunkSegment) return find_small(op, p, out, report);
+  if (kind != kChunkForeign) return find_large(op, p, kind, out, report);
+  if (report) {
+    InvalidPointer error(op, p);
+    error.text().str("not allocated by traymalloc");
+    error.finish();
+  }
+  return false;
+}
+
+void check_canary(const void* p, const LiveBlock& live) {
+  const size_t changed =
+      first_changed_byte(static_cast<const uint8_t*>(p), live.requested, live.block_bytes, kCanaryByte);
+  if (changed != kNone) report_overflow(p, live.requested, changed, live.page);
+}
+
+// --- quarantine --------------------------------------------------------------------------
+// The block leaves quarantine: its fill must be whole, then it goes back to its page.
+void release_block(Heap* heap, Block* block) {
+  Page* page = page_of(segment_of(block), block);
+  uint32_t found;
+  const size_t changed =
+      first_changed_word(reinterpret_cast<uint8_t*>(block), 0, page->block_bytes, kFreedPattern, &found);
+  if (changed != kNone) report_write_after_free(block, page, changed, found);
+  heap_free_block(heap, page, block);
+}
+
+void release_oldest(Heap* heap, Quarantine* q) {
+  Block* block = q->blocks[q->oldest];
+  q->oldest = (q->oldest + 1) % kDebugQuarantineBlocks;
+  --q->count;
+  q->bytes -= page_of(segment_of(block), block)->block_bytes;
+  release_block(heap, block);
+}
+
+Quarantine* quarantine_of(Heap* heap) {
+  if (heap->quarantine == nullptr) {
+    const size_t bytes = align_up(sizeof(Quarantine), os::page_size());
+    void* memory = os::map(bytes);
+    if (memory == nullptr) return nullptr;
+    count_add(g_totals.bytes_metadata, bytes);
+    heap->quarantine = new (memory) Quarantine;
+  }
+  return heap->quarantine;
+}
+
+void quarantine_push(Heap* heap, Page* page, Block* block) {
+  Quarantine* q = quarantine_of(heap);
+  if (q == nullptr) return release_block(heap, block);
+  if (q->count == kDebugQuarantineBlocks) release_oldest(heap, q);
+  q->blocks[(q->oldest + q->count) % kDebugQuarantineBlocks] = block;
+  ++q->count;
+  q->bytes += page->block_bytes;
+  while (q->bytes > kDebugQuarantineBytes && q->count > 1) release_oldest(heap, q);
+}
+
+// Freed large mappings stay, inaccessible, until kDebugRetiredLargeCount newer ones follow.
+void retire_large(LargeHeader* header, void* user) {
+  large_retire(header, user);
+  const size_t slot = g_retired_next.fetch_add(1, std::memory_order_relaxed) % kDebugRetiredLargeCount;
+  LargeHeader* evicted = g_retired_large[slot].exchange(header, std::memory_order_acq_rel);
+  if (evicted != nullptr) large_unmap_retired(evicted);
+}
+
+// --- allocation --------------------------------------------------------------------------
+// The class for `padded` bytes whose blocks all have the alignment; -1 if no class serves.
+int debug_class(size_t padded, size_t alignment) {
+  if (padded > kMaxSmallBytes || alignment > kUnitBytes) return -1;
+  const size_t need = padded < alignment ? alignment : padded;
+  for (unsigned c = size_class_of(need); c < kSizeClassCount; ++c)
+    if (alignment <= kNaturalAlignment || class_size(c) % alignment == 0) return int(c);
+  return -1;
+}
+
+void* alloc_small(unsigned size_class, size_t size, bool zero) {
+  Heap* heap = own_heap();
+  if (heap == nullptr) return nullptr;
+  auto* block = static_cast<uint8_t*>(heap_alloc_from(heap, size_class, size));
+  if (block == nullptr) return nullptr;
+  Page* page = page_of(segment_of(block), block);
+  // The pop just followed this block's link: it must lead to a free block of the page.
+  if (!link_is_valid(page, page->free)) {
+    const Block* link = page->free;
+    page->free = nullptr;  // the rest of the list is lost, but never handed out
+    report_broken_link(block, page, link);
+  }
+  uint32_t* states = states_of(page);
+  if (states == nullptr) {
+    heap_count_free(heap, page);
+    heap_free_block(heap, page, reinterpret_cast<Block*>(block));
+    errno = ENOMEM;
+    return nullptr;
+  }
+  const uint32_t index = block_index(page, block);
+  if (__atomic_load_n(&states[index], __ATOMIC_ACQUIRE) == kStateFreed) {
+    uint32_t found;
+    const size_t changed = first_changed_word(block, kLinkBytes, page->block_bytes, kFreedPattern, &found);
+    if (changed != kNone) report_write_after_free(block, page, changed, found);
+  }
+  __atomic_store_n(&states[index], uint32_t(size + 1), __ATOMIC_RELEASE);
+  if (zero) std::memset(block, 0, size);
+  else fill_words(block, 0, size, kAllocPattern);
+  std::memset(block + size, kCanaryByte, page->block_bytes - size);
+  return block;
+}
+
+void* alloc_large(size_t size, size_t alignment, bool zero) {
+  auto* p = static_cast<uint8_t*>(large_alloc(size + 1, alignment, zero));
+  if (p == nullptr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  LargeHeader* header = large_mapping_of(p, chunk_kind(p));
+  header->requested = size;
+  if (!zero) fill_words(p, 0, size, kAllocPattern);
+  std::memset(p + size, kCanaryByte, large_usable_size(header) - size);
+  return p;
+}
+
+}  // namespace
+
+void* debug_alloc(size_t size, size_t alignment, bool zero) noexcept {
+  if (size >= kMaxRequestBytes) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  const int size_class = debug_class(size + 1, alignment);
+  if (size_class >= 0) return alloc_small(unsigned(size_class), size, zero);
+  return alloc_large(size, alignment > kNaturalAlignment ? alignment : kNaturalAlignment, zero);
+}
+
+void debug_free(void* p) noexcept {
+  if (p == nullptr) return;
+  LiveBlock live;
+  if (!find_live("free", p, &live, true)) return;
+  if (live.header != nullptr) {
+    void* expected = p;
+    // Exact even when two threads free the block at once: one of them finds it gone.
+    if (!__atomic_compare_exchange_n(&live.header->user, &expected, nullptr, false,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      return report_double_free("free", p, nullptr, live.header);
+    check_canary(p, live);
+    retire_large(live.header, p);
+    return;
+  }
+  Page* page = live.page;
+  uint32_t* state = &page->debug_states[block_index(page, p)];
+  uint32_t seen = live.state;
+  while (!__atomic_compare_exchange_n(state, &seen, kStateFreed, false, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_ACQUIRE)) {
+    if (seen == kStateFreed) return report_double_free("free", p, page, nullptr);
+  }
+  check_canary(p, live);
+  fill_words(static_cast<uint8_t*>(p), 0, page->block_bytes, kFreedPattern);
+  Heap* heap = own_heap();
+  if (heap == nullptr) {  // out of memory for a heap: give the block back unquarantined
+    heap_count_free(&g_empty_heap, page);
+    heap_free_block(&g_empty_heap, page, static_cast<Block*>(p));
+    return;
+  }
+  heap_count_free(heap, page);
+  quarantine_push(heap, page, static_cast<Block*>(p));
+}
+
+void* debug_realloc(void* p, size_t size) noexcept {
+  if (p == nullptr) return debug_alloc(size, 0, false);
+  LiveBlock live;
+  if (!find_live("realloc", p, &live, true)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (size == 0) {
+    debug_free(p);
+    return nullptr;
+  }
+  // Always moves: a caller that keeps using the old address reads the freed fill.
+  void* fresh = debug_alloc(size, 0, false);
+  if (fresh == nullptr) return nullptr;
+  std::memcpy(fresh, p, size < live.requested ? size : live.requested);
+  debug_free(p);
+  return fresh;
+}
+
+size_t debug_usable_size(const void* p) noexcept {
+  LiveBlock live;
+  return p != nullptr && find_live("", const_cast<void*>(p), &live, false) ? live.requested : 0;
+}
+
+void debug_prepare() noexcept { os::prepare_backtrace(); }
+
+namespace {
+// At load time, before any report can be needed, while allocating is still harmless.
+__attribute__((constructor)) void prepare_at_load() {
+  if (option(Option::kDebug) != 0) debug_prepare();
+}
+}  // namespace
+
+}  // namespace tray

@@ -1,0 +1,18 @@
+// Statistics as the outside sees them: a snapshot gathered from the heaps and the process
+// counters (tray_stats_get), and the dumps that TRAY_OPTIONS asks for (at exit, on a signal,
+// to stderr or a file). Every path here is async-signal-safe: no allocation, no lock.
+#pragma once
+
+#include "traymalloc.h"
+
+namespace tray {
+
+void stats_collect(tray_stats* out);
+
+enum class DumpFormat { kText, kJson, kMallocInfoXml };
+// Collects and writes one dump; `reason` names what asked for it.
+void stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format);
+// Applies stats_signal after tray_option_set changed it.
+void report_options_changed();
+
+}  // namespace tray
