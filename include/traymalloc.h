@@ -123,7 +123,8 @@ typedef void (*tray_write_fn)(void* context, const char* text, size_t length);
 #define TRAY_STATS_TEXT 0u /* aligned table, human units */
 #define TRAY_STATS_JSON 1u /* one JSON object on one line (format in the README) */
 /* Writes a dump through write(context, ...) in pieces (stderr if write is NULL). Never
- * allocates. Returns 0, or EINVAL for unknown flags. */
+ * allocates. Dumps of different threads take turns. Returns 0, EINVAL for unknown flags, or
+ * EBUSY when called from a signal handler that interrupted a dump of the same thread. */
 TRAY_EXPORT int tray_stats_print(tray_write_fn write, void* context, unsigned flags);
 
 #ifdef __cplusplus

@@ -125,11 +125,19 @@ void fill_words(uint8_t* p, size_t from, size_t to, uint32_t word) {
   if (i < to) std::memcpy(p + i, &word, to - i);
 }
 
+// Compares 8 bytes at a time (from and to are multiples of 8 for every block), then finds the
+// 32-bit word that differs.
 size_t first_changed_word(const uint8_t* p, size_t from, size_t to, uint32_t word,
                           uint32_t* found) {
-  for (size_t i = from; i + 4 <= to; i += 4) {
+  const uint64_t pair = uint64_t(word) << 32 | word;
+  for (size_t i = from; i + 8 <= to; i += 8) {
+    uint64_t both;
+    std::memcpy(&both, p + i, 8);
+    if (both == pair) continue;
     std::memcpy(found, p + i, 4);
     if (*found != word) return i;
+    std::memcpy(found, p + i + 4, 4);
+    return i + 4;
   }
   return kNone;
 }
@@ -142,19 +150,20 @@ size_t first_changed_byte(const uint8_t* p, size_t from, size_t to, uint8_t byte
 
 // --- block states ------------------------------------------------------------------------
 uint32_t* states_of(Page* page) {
-  if (page->debug_states == nullptr) {
+  uint32_t*& states = page_debug_states(page);
+  if (states == nullptr) {
     const size_t bytes = page_debug_states_bytes(page);
     void* table = os::map(bytes);  // zero: every block starts as never handed out
     if (table == nullptr) return nullptr;
     count_add(g_totals.bytes_metadata, bytes);
-    page->debug_states = static_cast<uint32_t*>(table);
+    states = static_cast<uint32_t*>(table);
   }
-  return page->debug_states;
+  return states;
 }
 
 uint32_t state_load(const Page* page, size_t index) {
-  return page->debug_states == nullptr ? kStateNever
-                                       : __atomic_load_n(&page->debug_states[index], __ATOMIC_ACQUIRE);
+  const uint32_t* states = page_debug_states(page);
+  return states == nullptr ? kStateNever : __atomic_load_n(&states[index], __ATOMIC_ACQUIRE);
 }
 
 uint32_t block_index(const Page* page, const void* block) {
@@ -273,7 +282,11 @@ void release_block(Heap* heap, Block* block) {
   uint32_t found;
   const size_t changed =
       first_changed_word(reinterpret_cast<uint8_t*>(block), 0, page->block_bytes, kFreedPattern, &found);
-  if (changed != kNone) report_write_after_free(block, page, changed, found);
+  if (changed != kNone) {
+    report_write_after_free(block, page, changed, found);
+    // debug_abort=0 goes on: restore the fill so that the reuse check does not report it again.
+    fill_words(reinterpret_cast<uint8_t*>(block), 0, page->block_bytes, kFreedPattern);
+  }
   heap_free_block(heap, page, block);
 }
 
@@ -357,6 +370,9 @@ void* alloc_small(unsigned size_class, size_t size, bool zero) {
 }
 
 void* alloc_large(size_t size, size_t alignment, bool zero) {
+  // At least page-aligned, so the block starts past the header's page: retire_large can then
+  // make every page of the block inaccessible.
+  if (alignment < os::page_size()) alignment = os::page_size();
   auto* p = static_cast<uint8_t*>(large_alloc(size + 1, alignment, zero));
   if (p == nullptr) {
     errno = ENOMEM;
@@ -378,7 +394,7 @@ void* debug_alloc(size_t size, size_t alignment, bool zero) noexcept {
   }
   const int size_class = debug_class(size + 1, alignment);
   if (size_class >= 0) return alloc_small(unsigned(size_class), size, zero);
-  return alloc_large(size, alignment > kNaturalAlignment ? alignment : kNaturalAlignment, zero);
+  return alloc_large(size, alignment, zero);
 }
 
 void debug_free(void* p) noexcept {
@@ -396,7 +412,7 @@ void debug_free(void* p) noexcept {
     return;
   }
   Page* page = live.page;
-  uint32_t* state = &page->debug_states[block_index(page, p)];
+  uint32_t* state = &page_debug_states(page)[block_index(page, p)];
   uint32_t seen = live.state;
   while (!__atomic_compare_exchange_n(state, &seen, kStateFreed, false, __ATOMIC_ACQ_REL,
                                       __ATOMIC_ACQUIRE)) {

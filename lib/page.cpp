@@ -37,10 +37,10 @@ void page_release(Page* page) {
   TRAY_ASSERT(page->used == 0 && !page->floating);
   count_sub(g_totals.bytes_in_pages, size_t(page->unit_count) * kUnitBytes);
   count_sub(g_totals.classes[page->size_class].pages, 1);
-  if (page->debug_states != nullptr) {
-    os::unmap(page->debug_states, page_debug_states_bytes(page));
+  if (uint32_t*& states = page_debug_states(page); states != nullptr) {
+    os::unmap(states, page_debug_states_bytes(page));
     count_sub(g_totals.bytes_metadata, page_debug_states_bytes(page));
-    page->debug_states = nullptr;
+    states = nullptr;
   }
   page->heap = nullptr;
   page->free = nullptr;

@@ -25,6 +25,24 @@ static_assert(kSizeClassCount <= TRAY_STATS_MAX_CLASSES);
 // exit handler that runs before library destructors, so stats=1 keeps a copy from the start.
 int g_dump_fd = STDERR_FILENO;
 int g_installed_signal = 0;
+std::atomic<int> g_dumping_thread{0};  // thread id of the dump in progress, 0 for none
+
+// Not a mutex: a signal handler may interrupt the very thread that holds it.
+bool begin_dump() {
+  const int self = os::thread_id();
+  int expected = 0;
+  while (!g_dumping_thread.compare_exchange_weak(expected, self, std::memory_order_acquire)) {
+    if (expected == self) return false;
+    expected = 0;
+    os::yield_thread();
+  }
+  return true;
+}
+
+void end_dump() { g_dumping_thread.store(0, std::memory_order_release); }
+
+// A fork in the middle of another thread's dump must not leave the child waiting for it.
+void reset_after_fork() { g_dumping_thread.store(0, std::memory_order_relaxed); }
 
 uint64_t load(const std::atomic<size_t>& counter) { return counter.load(std::memory_order_relaxed); }
 
@@ -69,7 +87,9 @@ void collect_memory(tray_stats* out) {
   const uint64_t large_mapped = load(g_totals.bytes_mapped) - segment_bytes;
   out->large.allocations = load(g_totals.large_allocations);
   out->large.frees = load(g_totals.large_frees);
-  out->large.live_blocks = out->large.allocations - out->large.frees;
+  // Read apart from each other: a block allocated and freed in between can put frees ahead.
+  out->large.live_blocks =
+      out->large.allocations > out->large.frees ? out->large.allocations - out->large.frees : 0;
   out->large.live_bytes = load(g_totals.bytes_large);
   out->large.peak_bytes = load(g_totals.bytes_large_peak);
   out->large.mapped_bytes = large_mapped;
@@ -148,6 +168,7 @@ void dump(const char* reason) {
 void dump_on_signal(int) { dump("signal"); }
 
 __attribute__((constructor)) void stats_at_start() {
+  os::register_atfork(nullptr, nullptr, reset_after_fork);
   if (option(Option::kStats) != 0) {
     const int fd = os::duplicate_fd(STDERR_FILENO);
     if (fd >= 0) g_dump_fd = fd;
@@ -168,17 +189,20 @@ void stats_collect(tray_stats* out) {
   collect_process(out);
 }
 
-void stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format) {
+bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format) {
+  if (!begin_dump()) return false;
   tray_stats stats;
   stats.version = TRAY_STATS_VERSION;
   stats_collect(&stats);
   int fd = STDERR_FILENO;
   const StatsSink sink = write != nullptr ? StatsSink{write, context} : StatsSink{write_to_fd, &fd};
   switch (format) {
-    case DumpFormat::kText: return stats_print_text(stats, os::process_id(), reason, sink);
-    case DumpFormat::kJson: return stats_print_json(stats, os::process_id(), reason, sink);
-    case DumpFormat::kMallocInfoXml: return stats_print_xml(stats, sink);
+    case DumpFormat::kText: stats_print_text(stats, os::process_id(), reason, sink); break;
+    case DumpFormat::kJson: stats_print_json(stats, os::process_id(), reason, sink); break;
+    case DumpFormat::kMallocInfoXml: stats_print_xml(stats, sink); break;
   }
+  end_dump();
+  return true;
 }
 
 void report_options_changed() {
@@ -206,8 +230,8 @@ TRAY_EXPORT int tray_stats_get(tray_stats* out) {
 
 TRAY_EXPORT int tray_stats_print(tray_write_fn write, void* context, unsigned flags) {
   if (flags > TRAY_STATS_JSON) return EINVAL;
-  stats_dump("api", write, context, flags == TRAY_STATS_JSON ? DumpFormat::kJson : DumpFormat::kText);
-  return 0;
+  const DumpFormat format = flags == TRAY_STATS_JSON ? DumpFormat::kJson : DumpFormat::kText;
+  return stats_dump("api", write, context, format) ? 0 : EBUSY;
 }
 
 }  // extern "C"

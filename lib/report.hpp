@@ -10,8 +10,10 @@ namespace tray {
 void stats_collect(tray_stats* out);
 
 enum class DumpFormat { kText, kJson, kMallocInfoXml };
-// Collects and writes one dump; `reason` names what asked for it.
-void stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format);
+// Collects and writes one dump; `reason` names what asked for it. Dumps of different threads
+// take turns, so their pieces never mix in a shared file; a dump asked for by a signal handler
+// that interrupted its own thread's dump is dropped (false).
+bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format);
 // Applies stats_signal after tray_option_set changed it.
 void report_options_changed();
 

@@ -56,6 +56,7 @@ Segment* segment_map_new() {
   s->dirty_since_ms = 0;
   s->next = s->prev = nullptr;
   for (auto& page : s->pages) new (&page) Page();
+  for (auto& states : s->debug_states) states = nullptr;
   for (auto& offset : s->page_offset) offset = page_offset_of(0);
   chunk_map_set(s, kSegmentBytes, false);
   count_add(g_totals.segments_mapped, 1);

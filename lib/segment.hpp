@@ -67,6 +67,12 @@ TRAY_INLINE Page* page_of(Segment* segment, const void* p) {
   return reinterpret_cast<Page*>(reinterpret_cast<char*>(segment) + segment->page_offset[unit]);
 }
 
+// The debug state table of a page (see Segment::debug_states).
+TRAY_INLINE uint32_t*& page_debug_states(const Page* page) {
+  Segment* segment = segment_of(page);
+  return segment->debug_states[page - segment->pages];
+}
+
 // Byte offset of pages[index] in its segment (what page_offset holds).
 constexpr uint16_t page_offset_of(unsigned index) {
   return uint16_t(offsetof(Segment, pages) + index * sizeof(Page));

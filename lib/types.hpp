@@ -46,10 +46,9 @@ struct Page {
   uint8_t* blocks = nullptr;    // address of block 0
   Page* next = nullptr;         // owner: the heap's queue for this class
   Page* prev = nullptr;
-  // Debug mode only: one word per block, written with atomics by whichever thread allocates
-  // or frees the block (see debug.cpp). Mapped on the page's first debug allocation.
-  uint32_t* debug_states = nullptr;
 };
+// 64 bytes: the free fast path finds a descriptor with a shift and a mask.
+static_assert(sizeof(Page) == 64);
 
 inline constexpr uint32_t kSegmentMagic = 0x54524159;  // "TRAY"
 
@@ -67,6 +66,10 @@ struct Segment {
   // descriptor, which stays empty and ownerless.
   uint16_t page_offset[kUnitsPerSegment];
   Page pages[kUnitsPerSegment];
+  // Debug mode only, indexed like pages: one word per block of the page, written with atomics
+  // by whichever thread allocates or frees the block (see debug.cpp); mapped on the page's
+  // first debug allocation. Kept out of Page so that Page stays 64 bytes.
+  uint32_t* debug_states[kUnitsPerSegment];
 };
 static_assert(sizeof(Segment) <= kUnitBytes, "the header must fit in unit 0");
 

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -119,6 +120,10 @@ uint64_t now_ms() {
 }
 
 int process_id() { return int(getpid()); }
+
+int thread_id() { return int(gettid()); }
+
+void yield_thread() { sched_yield(); }
 
 const char* env(const char* name) { return getenv(name); }
 

@@ -41,6 +41,8 @@ bool remap_to(void* p, size_t old_bytes, size_t new_bytes, void* target);
 size_t page_size();
 uint64_t now_ms();  // monotonic, coarse: cheap enough for slow paths
 int process_id();
+int thread_id();      // gettid: async-signal-safe
+void yield_thread();  // sched_yield
 const char* env(const char* name);  // getenv: reads environ, never allocates
 // The definition of `name` that the dynamic loader finds after this library's own (RTLD_NEXT):
 // the C library's malloc behind our overrides, say. nullptr if there is none. Not from inside

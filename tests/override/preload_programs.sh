@@ -7,29 +7,21 @@
 # Exit status: 0 pass, 1 fail, 77 the program is not installed (ctest reports it as skipped).
 set -euo pipefail
 
-readonly SKIPPED=77
-[[ $# -eq 2 ]] || { echo "usage: $0 LIBTRAYMALLOC {python|perl|git|sqlite|sort|all}" >&2; exit 2; }
-library=$(realpath -- "$1")
-which_program=$2
-[[ -f $library ]] || { echo "FAIL: $library does not exist" >&2; exit 1; }
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/tray-preload.XXXXXX")
-trap 'rm -rf -- "$work"' EXIT
-step=0
-
-fail() { echo "FAIL [$which_program]: $*" >&2; exit 1; }
-
-require() {
-  command -v "$1" >/dev/null || { echo "SKIP: $1 is not installed"; exit "$SKIPPED"; }
-}
+readonly programs=(python perl git sqlite sort)
+# shellcheck source-path=SCRIPTDIR source=../support/preload_programs_lib.sh
+source "$(dirname "$0")/../support/preload_programs_lib.sh"
+parse_arguments "$@"
+make_work_dir tray-preload
 
 # The stderr of one preloaded process tree must show that traymalloc served at least one page,
 # and must hold no other message from traymalloc (those report misuse or corruption).
 check_served() {
   local stderr_file=$1 what=$2
-  grep -Eq '^traymalloc: stats: pid=[0-9]+ reason=exit$' "$stderr_file" &&
-    grep -Eq '^  small: [1-9][0-9]* live blocks .* in [1-9][0-9]* pages' "$stderr_file" ||
-    { cat "$stderr_file" >&2; fail "$what: no statistics with live blocks in pages on stderr"; }
+  if ! grep -Eq '^traymalloc: stats: pid=[0-9]+ reason=exit$' "$stderr_file" ||
+     ! grep -Eq '^  small: [1-9][0-9]* live blocks .* in [1-9][0-9]* pages' "$stderr_file"; then
+    cat "$stderr_file" >&2
+    fail "$what: no statistics with live blocks in pages on stderr"
+  fi
   if awk '/traymalloc/ && !/^traymalloc: stats: / { found = 1 } END { exit !found }' \
        "$stderr_file"; then
     cat "$stderr_file" >&2
@@ -40,33 +32,7 @@ check_served() {
 }
 
 # preloaded STDOUT_FILE COMMAND...: runs COMMAND under traymalloc, stdout to STDOUT_FILE.
-preloaded() {
-  local stdout_file=$1; shift
-  local stderr_file=$work/stderr.$((++step)) status=0
-  LD_PRELOAD="$library${LD_PRELOAD:+:$LD_PRELOAD}" TRAY_OPTIONS=stats=1 \
-    "$@" >"$stdout_file" 2>"$stderr_file" || status=$?
-  if [[ $status -ne 0 ]]; then
-    cat "$stderr_file" >&2
-    fail "'$(describe "$@")' exited with status $status"
-  fi
-  check_served "$stderr_file" "$(describe "$@")"
-}
-
-# A command line for messages: the program's name, and its arguments unless they are long.
-describe() {
-  local text word
-  text=$(basename -- "$1")
-  for word in "${@:2}"; do
-    if [[ ${#word} -le 40 ]]; then text+=" $word"; else text+=" ..."; fi
-  done
-  echo "$text"
-}
-
-expect_output() {
-  local file=$1 expected=$2
-  [[ $(<"$file") == "$expected" ]] ||
-    fail "unexpected output:"$'\n'"$(<"$file")"$'\n'"expected:"$'\n'"$expected"
-}
+preloaded() { run_under_traymalloc stats=1 check_served "$@"; }
 
 # Dict, list and str churn in three threads. PYTHONMALLOC=malloc routes every object through
 # malloc: by default pymalloc would carve small objects from its own mmap'ed arenas.
@@ -142,12 +108,7 @@ for my $i (0 .. 2999) {
   close($out);
 }
 EOF
-  export HOME=$work GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
-  export GIT_AUTHOR_NAME=Tray GIT_AUTHOR_EMAIL=tray@example.invalid
-  export GIT_AUTHOR_DATE=2024-01-01T00:00:00Z GIT_COMMITTER_DATE=2024-01-01T00:00:00Z
-  export GIT_COMMITTER_NAME=Tray GIT_COMMITTER_EMAIL=tray@example.invalid
-  mkdir "$work/repo"
-  cd "$work/repo"
+  enter_new_git_repo_dir
   perl "$work/generate.pl" 1
   preloaded "$work/out" git -c init.defaultBranch=main init -q
   preloaded "$work/out" git add -A
@@ -210,12 +171,4 @@ test_sort() {
   cmp -s "$work/expected" "$work/merged" || fail "external-merge sort differs from the reference"
 }
 
-case $which_program in
-  python | perl | git | sqlite | sort) "test_$which_program" ;;
-  all)
-    for p in python perl git sqlite sort; do
-      "$0" "$library" "$p" || [[ $? -eq $SKIPPED ]]
-    done ;;
-  *) echo "unknown program '$which_program'" >&2; exit 2 ;;
-esac
-echo "PASS [$which_program]"
+run_requested_program

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Runs one mode of misuse.c (a heap mistake) under libtraymalloc.so three ways:
+#   debug    TRAY_OPTIONS=debug=1: the exact report line, a backtrace, then SIGABRT (status 134);
+#   plain    no options: the mistake goes unnoticed, as README says of release builds;
+#   go-on    debug=1,debug_abort=0,stats=1: the report, the program finishes, and the
+#            statistics count the report under "debug errors".
+# Modes that only read memory report nothing: there the debug run shows the fill patterns. A
+# write to a freed large block reports nothing either: it faults on the inaccessible mapping.
+#
+# Usage: misuse.sh LIBTRAYMALLOC MISUSE_PROGRAM MODE
+# Exit status: 0 pass, 1 fail.
+set -euo pipefail
+
+[[ $# -eq 3 ]] || { echo "usage: $0 LIBTRAYMALLOC MISUSE_PROGRAM MODE" >&2; exit 2; }
+library=$(realpath -- "$1")
+program=$(realpath -- "$2")
+mode=$3
+[[ -f $library ]] || { echo "FAIL: $library does not exist" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tray-misuse.XXXXXX")
+trap 'rm -rf -- "$work"' EXIT
+
+readonly ADDRESS='0x[0-9a-f]+'
+readonly SIGABRT_STATUS=134 SIGSEGV_STATUS=139
+# backtrace_symbols_fd(3) ends every frame with its address in brackets.
+readonly BACKTRACE_FRAME='\[0x[0-9a-f]+\]$'
+readonly ABORT_HINT='traymalloc: aborting (TRAY_OPTIONS=debug_abort=0 reports and goes on)'
+
+# What each mode must show. report: the message after "traymalloc: " (an ERE, empty when the
+# mode reports nothing). debug_status/debug_stdout: the debug run. plain: "clean" (status 0,
+# silent), "glibc-rejects" (the pointer goes to glibc's free, which aborts), or "unchecked".
+# plain_stdout: a glob for the clean plain run. go_on_stdout: what the program prints when it
+# goes on past the report.
+report='' debug_status=$SIGABRT_STATUS debug_stdout='' plain=clean plain_stdout=finished
+go_on_stdout=finished
+case $mode in
+  write-after-free)
+    # 64 requested bytes + the canary byte make an 80-byte block.
+    report="write after free: block $ADDRESS \(size class 80 B\) modified at offset 24 \(found 0x00000000, expected 0x1deadb0b\)" ;;
+  double-free-small)
+    report="double free of $ADDRESS \(size class 48 B\)" ;;
+  double-free-large)
+    report="double free of $ADDRESS \(large block of 1048576 requested bytes\)" ;;
+  overflow-small)
+    report="heap buffer overflow: block $ADDRESS of 40 requested bytes written at offset 40 \(size class 48 B\)" ;;
+  overflow-large)
+    report="heap buffer overflow: block $ADDRESS of 1000000 requested bytes written at offset 1000000 \(large block\)" ;;
+  free-stack)
+    report="free of invalid pointer $ADDRESS: not allocated by traymalloc"
+    plain=glibc-rejects ;;
+  free-interior)
+    report="free of invalid pointer $ADDRESS: not the start of a block \(8 bytes into block $ADDRESS of size class 48 B\)" ;;
+  realloc-freed)
+    report="realloc of freed block $ADDRESS \(size class 48 B\)"
+    plain_stdout=$'realloc returned a block\nfinished'
+    go_on_stdout=$'realloc returned NULL\nfinished' ;;
+  read-fresh)
+    debug_status=0 debug_stdout=$'a110ca7e\nfinished' go_on_stdout=$debug_stdout
+    plain_stdout=$'????????\nfinished' ;;
+  read-freed)
+    debug_status=0 debug_stdout=$'1deadb0b\nfinished' go_on_stdout=$debug_stdout
+    plain_stdout=$'????????\nfinished' ;;
+  large-use-after-free)
+    # The freed mapping is PROT_NONE, so debug_abort=0 cannot go on either. Without debug mode
+    # the write lands in a cached mapping or faults on an unmapped one, depending on the
+    # large-block cache: not worth pinning down.
+    debug_status=$SIGSEGV_STATUS plain=unchecked go_on_stdout='' ;;
+  *) echo "unknown mode '$mode'" >&2; exit 2 ;;
+esac
+
+fail() { echo "FAIL [$mode, $1]: $2" >&2; exit 1; }
+
+# run NAME [VAR=VALUE...]: runs the mode under traymalloc with the extra environment; leaves
+# $status, and the output in $work/NAME.out and $work/NAME.err.
+run() {
+  local name=$1; shift
+  status=0
+  # The braces take the shell's own "Aborted" notice away from the test's output.
+  { env LD_PRELOAD="$library" "$@" "$program" "$mode" >"$work/$name.out" 2>"$work/$name.err" ||
+      status=$?; } 2>/dev/null
+}
+
+show() { echo "--- stdout:"; cat "$work/$1.out"; echo "--- stderr:"; cat "$work/$1.err"; }
+
+expect_status() {
+  local name=$1 expected=$2
+  [[ $status -eq $expected ]] || { show "$name" >&2; fail "$name" "exit status $status, expected $expected"; }
+}
+
+# expect_stdout NAME GLOB
+expect_stdout() {
+  local name=$1 expected=$2
+  # shellcheck disable=SC2053  # a glob on purpose
+  [[ $(<"$work/$name.out") == $expected ]] ||
+    { show "$name" >&2; fail "$name" "stdout is not '$expected'"; }
+}
+
+# The one report line, exactly once, followed by at least one backtrace frame.
+expect_report() {
+  local name=$1
+  local line="^traymalloc: $report\$"
+  [[ $(grep -Ec "$line" "$work/$name.err") -eq 1 ]] ||
+    { show "$name" >&2; fail "$name" "no single line matching: $line"; }
+  grep -A1 -E "$line" "$work/$name.err" | tail -n1 | grep -Eq "$BACKTRACE_FRAME" ||
+    { show "$name" >&2; fail "$name" "no backtrace after the report"; }
+}
+
+# traymalloc's lines in stderr other than the report, the abort hint and the statistics dump.
+other_traymalloc_lines() {
+  grep 'traymalloc' "$1" | grep -Ev "^traymalloc: ($report|stats: .*)\$" |
+    grep -Fxv "$ABORT_HINT" | grep -Ev "$BACKTRACE_FRAME" || true
+}
+
+expect_nothing_else() {
+  local name=$1 others
+  others=$(other_traymalloc_lines "$work/$name.err")
+  [[ -z $others ]] || { show "$name" >&2; fail "$name" "unexpected lines from traymalloc: $others"; }
+}
+
+# --- debug: report, backtrace, abort ------------------------------------------------------
+run debug TRAY_OPTIONS=debug=1
+expect_status debug "$debug_status"
+expect_stdout debug "$debug_stdout"
+if [[ -n $report ]]; then
+  expect_report debug
+  grep -Fxq "$ABORT_HINT" "$work/debug.err" || fail debug "no abort hint"
+fi
+expect_nothing_else debug
+
+# --- plain: no checks, no messages ------------------------------------------------------
+case $plain in
+  clean)
+    run plain
+    expect_status plain 0
+    expect_stdout plain "$plain_stdout"
+    grep -q traymalloc "$work/plain.err" && { show plain >&2; fail plain "traymalloc wrote to stderr"; } ;;
+  glibc-rejects)
+    # misuse.c zeroes the words before the stack address, so glibc's verdict does not depend on
+    # what the stack held.
+    run plain
+    expect_status plain "$SIGABRT_STATUS"
+    grep -Fxq 'free(): invalid pointer' "$work/plain.err" ||
+      { show plain >&2; fail plain "glibc did not reject the pointer"; }
+    grep -q traymalloc "$work/plain.err" && { show plain >&2; fail plain "traymalloc wrote to stderr"; } ;;
+  unchecked) ;;
+esac
+
+# --- go-on: the report is counted and the program finishes --------------------------------
+if [[ -n $go_on_stdout ]]; then
+  run go-on TRAY_OPTIONS=debug=1,debug_abort=0,stats=1
+  expect_status go-on 0
+  expect_stdout go-on "$go_on_stdout"
+  errors=1
+  if [[ -n $report ]]; then expect_report go-on; else errors=0; fi
+  grep -Fxq "$ABORT_HINT" "$work/go-on.err" && fail go-on "aborting, though debug_abort=0"
+  grep -Eq "^  threads: .*, debug errors $errors\$" "$work/go-on.err" ||
+    { show go-on >&2; fail go-on "the statistics do not count $errors debug error(s)"; }
+  expect_nothing_else go-on
+fi
+echo "PASS [$mode]"
