@@ -22,8 +22,6 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page->next = page->prev = nullptr;
   page->heap = heap;
   page_extend(page);
-  count_add(g_totals.pages_acquired, 1);
-  count_add(g_totals.bytes_in_pages, size_t(page->unit_count) * kUnitBytes);
   ClassTotals& totals = g_totals.classes[size_class];
   count_max(totals.peak_pages, totals.pages.fetch_add(1, std::memory_order_relaxed) + 1);
   return page;
@@ -35,7 +33,6 @@ size_t page_debug_states_bytes(const Page* page) {
 
 void page_release(Page* page) {
   TRAY_ASSERT(page->used == 0 && !page->floating);
-  count_sub(g_totals.bytes_in_pages, size_t(page->unit_count) * kUnitBytes);
   count_sub(g_totals.classes[page->size_class].pages, 1);
   if (uint32_t*& states = page_debug_states(page); states != nullptr) {
     os::unmap(states, page_debug_states_bytes(page));

@@ -51,12 +51,10 @@ struct Totals {
   std::atomic<size_t> bytes_decommitted{0};    // of the segments: free units not resident
   std::atomic<size_t> bytes_large_committed{0};  // of the large mappings: touched, not purged
   std::atomic<size_t> bytes_metadata{0};       // mapped for heaps and debug tables
-  std::atomic<size_t> bytes_in_pages{0};
   std::atomic<size_t> bytes_large{0};          // usable bytes of live large blocks
   std::atomic<size_t> bytes_large_peak{0};
   std::atomic<size_t> bytes_purged{0};
   std::atomic<size_t> segments_mapped{0};
-  std::atomic<size_t> pages_acquired{0};
   std::atomic<size_t> large_allocations{0};
   std::atomic<size_t> large_frees{0};
   std::atomic<size_t> heaps_created{0};
