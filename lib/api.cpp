@@ -18,8 +18,6 @@ namespace {
 
 constinit ForeignHandlers g_foreign{};
 
-// Every block from 16 bytes up is 16-byte aligned; the 8-byte class only 8.
-constexpr size_t kNaturalAlignment = 16;
 
 void* out_of_memory() {
   errno = ENOMEM;

@@ -37,7 +37,6 @@ constexpr uint8_t kCanaryByte = TRAY_CANARY_BYTE;
 constexpr uint32_t kStateNever = 0;  // carved, never handed out
 constexpr uint32_t kStateFreed = UINT32_MAX;
 constexpr size_t kLinkBytes = sizeof(Block);  // the free-list link, once out of quarantine
-constexpr size_t kNaturalAlignment = 16;
 constexpr size_t kNone = SIZE_MAX;
 
 std::atomic<LargeHeader*> g_retired_large[kDebugRetiredLargeCount];

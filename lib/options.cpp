@@ -148,9 +148,7 @@ int64_t option(Option which) {
   return g_values[unsigned(which)].load(std::memory_order_acquire);
 }
 
-const char* option_text(Option which) {
-  return option(which) > 0 ? g_stats_file : "";
-}
+const char* option_stats_file() { return option(Option::kStatsFile) > 0 ? g_stats_file : ""; }
 
 bool debug_mode() {
   static std::atomic<int> latched{-1};

@@ -24,8 +24,8 @@ inline constexpr int64_t kStatsJson = 1;
 
 // The value of an option (reading TRAY_OPTIONS on first use).
 int64_t option(Option which);
-// The text of a string option (stats_file); "" when unset.
-const char* option_text(Option which);
+// The stats_file option's text; "" when unset.
+const char* option_stats_file();
 
 // debug=1, as read at the allocator's first use: from then on tray_option_set cannot change it.
 bool debug_mode();

@@ -15,8 +15,6 @@
 
 namespace tray {
 
-constinit Totals g_totals;
-
 namespace {
 
 static_assert(kSizeClassCount <= TRAY_STATS_MAX_CLASSES);
@@ -148,7 +146,7 @@ bool expand_path(const char* pattern, char* out, size_t capacity) {
 void dump(const char* reason) {
   int fd = g_dump_fd;
   bool opened = false;
-  const char* pattern = option_text(Option::kStatsFile);
+  const char* pattern = option_stats_file();
   if (pattern[0] != '\0') {
     char path[640];
     const int file = expand_path(pattern, path, sizeof path) ? os::open_append(path) : -1;

@@ -50,6 +50,10 @@ inline constexpr uint64_t kLargeCacheDelayMs = 1000;
 // A cached large mapping serves a request only if it wastes at most 1/kLargeCacheFitRatio of it.
 inline constexpr size_t kLargeCacheFitRatio = 4;
 
+// Every block from 16 bytes up is aligned to this (the 8-byte class only to 8); larger
+// alignments need a class whose size is a multiple of them, or a large block.
+inline constexpr size_t kNaturalAlignment = 16;
+
 // Requests above this are refused with ENOMEM before any arithmetic can overflow.
 inline constexpr size_t kMaxRequestBytes = size_t{1} << 46;
 // Largest alignment accepted by the aligned entry points (mirrors TRAY_MAX_ALIGNMENT).
