@@ -45,8 +45,8 @@ void scratch(void* handed_over, uint64_t blocks, workload::CheckCounter& checks)
 }  // namespace
 
 int main(int argc, char** argv) {
-  const workload::Options options = workload::parse_options(argc, argv);
-  const unsigned threads = options.threads_or(4);
+  const workload::Options options = workload::parse_options(argc, argv, {"cache_scratch", 4});
+  const unsigned threads = options.threads;
   const uint64_t blocks_per_thread = options.scaled(20'000, 10);
 
   workload::CheckCounter checks;

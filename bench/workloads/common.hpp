@@ -5,9 +5,15 @@
 //          check=ok|fail                                                     (on one line)
 //
 // Command line (every workload): --scale X multiplies the amount of work (1 = the full run);
-// --threads N sets the thread count of the multi-threaded ones; --expect-malloc LIB makes the
-// program refuse to run unless LIB is the malloc in use, so a preload that silently did not
-// happen cannot pass for the allocator it named.
+// --threads N sets the thread count of the multi-threaded ones (a single-threaded one refuses
+// it); --expect-malloc LIB makes the program refuse to run unless LIB is the malloc in use, so
+// a preload that silently did not happen cannot pass for the allocator it named. --describe
+// (alone) prints what the workload declares about itself and exits, one line:
+//
+//   DESCRIBE workload=NAME threads=yes|no default_threads=T
+//
+// tools/bench-compare asks every workload this before running it, and runs a threaded one once
+// per thread count of its --threads list.
 #pragma once
 
 #include <dlfcn.h>
@@ -26,16 +32,22 @@
 
 namespace workload {
 
+// What a workload declares about itself, in its main: its name and, if it runs threads of its
+// own that --threads sets, how many by default (0: single-threaded).
+struct Declaration {
+  const char* name;
+  unsigned default_threads;
+};
+
 struct Options {
   double scale = 1.0;
-  unsigned threads = 0;  // 0: the workload's default
+  unsigned threads = 1;  // --threads, or the declared default (1 for a single-threaded one)
   std::string expect_malloc;
 
   // `count` scaled for this run, never below `floor` so tiny scales still exercise the pattern.
   uint64_t scaled(uint64_t count, uint64_t floor = 1) const {
     return std::max<uint64_t>(floor, static_cast<uint64_t>(std::llround(count * scale)));
   }
-  unsigned threads_or(unsigned fallback) const { return threads ? threads : fallback; }
 };
 
 // Names the malloc that is actually in use by looking for a symbol only that library exports.
@@ -58,28 +70,36 @@ bool parse_number(const char* text, Number& out) {
   return error == std::errc{} && stop == end;
 }
 
-[[noreturn]] inline void usage_error(const char* program) {
-  std::fprintf(stderr, "usage: %s [--scale X>0] [--threads N>0] [--expect-malloc LIB]\n", program);
+[[noreturn]] inline void usage_error(const char* program, const Declaration& declaration) {
+  std::fprintf(stderr, "usage: %s [--scale X>0]%s [--expect-malloc LIB] | --describe\n", program,
+               declaration.default_threads ? " [--threads N>0]" : "");
   std::exit(2);
 }
 
-inline Options parse_options(int argc, char** argv) {
+inline Options parse_options(int argc, char** argv, const Declaration& declaration) {
+  if (argc == 2 && std::string_view(argv[1]) == "--describe") {
+    std::printf("DESCRIBE workload=%s threads=%s default_threads=%u\n", declaration.name,
+                declaration.default_threads ? "yes" : "no",
+                std::max(1u, declaration.default_threads));
+    std::exit(0);
+  }
   Options options;
+  options.threads = std::max(1u, declaration.default_threads);
   for (int i = 1; i < argc; i += 2) {
     const std::string_view flag = argv[i];
-    if (i + 1 >= argc) usage_error(argv[0]);
+    if (i + 1 >= argc) usage_error(argv[0], declaration);
     const char* value = argv[i + 1];
     bool valid = true;
     if (flag == "--scale") {
       valid = parse_number(value, options.scale) && options.scale > 0;
-    } else if (flag == "--threads") {
+    } else if (flag == "--threads" && declaration.default_threads > 0) {
       valid = parse_number(value, options.threads) && options.threads > 0;
     } else if (flag == "--expect-malloc") {
       options.expect_malloc = value;
     } else {
       valid = false;
     }
-    if (!valid) usage_error(argv[0]);
+    if (!valid) usage_error(argv[0], declaration);
   }
   if (!options.expect_malloc.empty() && options.expect_malloc != malloc_library_name()) {
     std::fprintf(stderr, "%s: expected malloc %s but %s is in use\n", argv[0],

@@ -90,7 +90,7 @@ class LiveSet {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const workload::Options options = workload::parse_options(argc, argv);
+  const workload::Options options = workload::parse_options(argc, argv, {"fragmentation", 0});
   const uint64_t steps_per_phase = options.scaled(300'000, 1000);
 
   workload::CheckCounter checks;

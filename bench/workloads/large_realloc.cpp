@@ -69,7 +69,7 @@ void churn_large_blocks(workload::Rng& rng, uint64_t round, workload::CheckCount
 }  // namespace
 
 int main(int argc, char** argv) {
-  const workload::Options options = workload::parse_options(argc, argv);
+  const workload::Options options = workload::parse_options(argc, argv, {"large_realloc", 0});
   const uint64_t rounds = options.scaled(12, 2);
 
   workload::CheckCounter checks;

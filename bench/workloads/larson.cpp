@@ -68,8 +68,8 @@ void serve(Shared& shared, std::barrier<>& round_end, unsigned thread) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const workload::Options options = workload::parse_options(argc, argv);
-  const unsigned threads = options.threads_or(4);
+  const workload::Options options = workload::parse_options(argc, argv, {"larson", 4});
+  const unsigned threads = options.threads;
   Shared shared;
   shared.arrays.assign(threads, std::vector<Slot>(kSlotsPerThread));
   shared.steps_per_round = options.scaled(100'000, 100);

@@ -62,7 +62,7 @@ Particle* spawn(workload::Rng& rng, uint64_t serial) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const workload::Options options = workload::parse_options(argc, argv);
+  const workload::Options options = workload::parse_options(argc, argv, {"particles", 0});
   const uint64_t frames = options.scaled(4000, 100);
 
   workload::CheckCounter checks;

@@ -46,8 +46,8 @@ void short_job(uint64_t job, std::vector<Block>& inherited, workload::CheckCount
 }  // namespace
 
 int main(int argc, char** argv) {
-  const workload::Options options = workload::parse_options(argc, argv);
-  const unsigned wave = options.threads_or(4);
+  const workload::Options options = workload::parse_options(argc, argv, {"thread_churn", 4});
+  const unsigned wave = options.threads;
   const uint64_t jobs = options.scaled(4000, 2 * wave);
 
   workload::CheckCounter checks;

@@ -8,4 +8,9 @@ set(TRAY_BENCH_WORKLOADS
   particles
   thread_churn
   large_realloc
+  larson_server
+  xmalloc_test
+  rptest
+  mstress
+  malloc_large
 )

@@ -107,8 +107,8 @@ void consume(HandoffQueue& queue, workload::CheckCounter& checks, uint64_t& free
 }  // namespace
 
 int main(int argc, char** argv) {
-  const workload::Options options = workload::parse_options(argc, argv);
-  const unsigned threads = std::max(2u, options.threads_or(4));
+  const workload::Options options = workload::parse_options(argc, argv, {"xmalloc", 4});
+  const unsigned threads = std::max(2u, options.threads);
   const unsigned producers = (threads + 1) / 2;
   const unsigned consumers = threads - producers;
   const uint64_t blocks_per_producer = options.scaled(2'000'000, 1000);

@@ -1,5 +1,6 @@
-"""Tests of tools/bench-compare: its table from known runs, a tiny real run, and its refusal of
-a run whose preload put the wrong malloc in place.
+"""Tests of tools/bench-compare: its table from known runs, a tiny real run (multi-threaded
+workloads once per --threads count), the workloads' --describe, and its refusal of a run whose
+preload put the wrong malloc in place.
 
 Run by ctest (tests/bench/CMakeLists.txt), which sets BENCH_COMPARE (the runner),
 BENCH_BUILD_DIR (a build with bench/workloads), TRAYMALLOC_LIB and BENCH_WORK_DIR.
@@ -33,6 +34,31 @@ def run_runner(out_dir, *arguments, lib=TRAYMALLOC_LIB):
     return subprocess.run([str(RUNNER), "--build", str(BUILD_DIR), "--lib", str(lib),
                            "--out", str(out_dir), *arguments],
                           capture_output=True, text=True, timeout=240)
+
+
+def workload_programs():
+    return sorted(p for p in (BUILD_DIR / "bench" / "workloads").iterdir()
+                  if p.is_file() and os.access(p, os.X_OK))
+
+
+def describe(program):
+    """The workload's own --describe line, as a dict."""
+    result = subprocess.run([str(program), "--describe"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    line = next(l for l in result.stdout.splitlines() if l.startswith("DESCRIBE "))
+    return dict(item.split("=", 1) for item in line.split()[1:])
+
+
+def expected_rows(thread_counts):
+    """The report rows for every workload in the build: NAME (T thr) per count, or NAME."""
+    rows = []
+    for program in workload_programs():
+        if describe(program)["threads"] == "yes":
+            rows += [f"{program.name} ({t} thr)" for t in thread_counts]
+        else:
+            rows.append(program.name)
+    return sorted(rows)
 
 
 def table_rows(markdown, heading):
@@ -96,13 +122,14 @@ class TableFromKnownRuns(unittest.TestCase):
 
 
 class TinyRun(unittest.TestCase):
+    """Every workload, with the default --threads (2,4)."""
+
     @classmethod
     def setUpClass(cls):
         cls.out_dir = WORK_DIR / "tiny"
         cls.result = run_runner(cls.out_dir, "--allocators", "traymalloc,glibc",
                                 "--reps", "2", "--scale", "0.01")
-        cls.workloads = sorted(p.name for p in (BUILD_DIR / "bench" / "workloads").iterdir()
-                               if p.is_file() and os.access(p, os.X_OK))
+        cls.workloads = expected_rows((2, 4))
 
     def test_runner_succeeds_with_progress(self):
         self.assertEqual(self.result.returncode, 0, self.result.stderr)
@@ -137,6 +164,63 @@ class TinyRun(unittest.TestCase):
             self.assertFalse((self.out_dir / "chart.png").exists())
         else:
             self.assertEqual((self.out_dir / "chart.png").read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
+
+
+class Describe(unittest.TestCase):
+    def test_every_workload_says_whether_it_is_threaded(self):
+        programs = {p.name: p for p in workload_programs()}
+        for name, program in programs.items():
+            fields = describe(program)
+            self.assertEqual(fields["workload"], name)
+            self.assertIn(fields["threads"], ("yes", "no"))
+        # The five mimalloc-bench-style workloads: all threaded but malloc_large.
+        for name in ("larson_server", "xmalloc_test", "rptest", "mstress"):
+            self.assertEqual(describe(programs[name])["threads"], "yes", name)
+        self.assertEqual(describe(programs["malloc_large"])["threads"], "no")
+
+    def test_a_single_threaded_workload_refuses_threads(self):
+        program = BUILD_DIR / "bench" / "workloads" / "particles"
+        result = subprocess.run([str(program), "--threads", "2", "--scale", "0.01"],
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 2, result.stdout)
+
+    def test_thread_list_parsing(self):
+        runner = load_runner()
+        self.assertEqual(runner.parse_thread_list("2,4"), [2, 4])
+        self.assertEqual(runner.parse_thread_list("3, 1,3"), [3, 1])
+        for bad in ("0", "two", ",", "2,-1"):
+            with self.assertRaises(SystemExit, msg=bad):
+                runner.parse_thread_list(bad)
+
+
+class ThreadCounts(unittest.TestCase):
+    """--threads: a row per count for a threaded workload, passed on as --threads T."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.out_dir = WORK_DIR / "threads"
+        cls.result = run_runner(cls.out_dir, "--allocators", "traymalloc,glibc", "--reps", "1",
+                                "--scale", "0.01", "--workloads", "larson_server,particles",
+                                "--threads", "1,3")
+
+    def test_rows_and_thread_counts(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr)
+        results = json.loads((self.out_dir / "results.json").read_text())
+        self.assertEqual(results["settings"]["threads"], [1, 3])
+        self.assertEqual(list(results["summary"]),
+                         ["larson_server (1 thr)", "larson_server (3 thr)", "particles"])
+        self.assertEqual(len(results["runs"]), 2 * 3)
+        for run in results["runs"]:
+            self.assertIsNone(run["error"])
+            if run["program"] == "larson_server":
+                self.assertEqual(run["workload"], f"larson_server ({run['threads']} thr)")
+                self.assertEqual(run["fields"]["threads"], str(run["threads"]))
+            else:
+                self.assertEqual(run["workload"], "particles")
+                self.assertIsNone(run["threads"])
+        markdown = (self.out_dir / "results.md").read_text()
+        self.assertEqual([row[0] for row in table_rows(markdown, "## Wall time")],
+                         ["larson_server (1 thr)", "larson_server (3 thr)", "particles"])
 
 
 @unittest.skipUnless(JEMALLOC.is_file(), "needs Debian's libjemalloc2")
