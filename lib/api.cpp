@@ -110,10 +110,10 @@ void* reallocate(void* p, size_t size) noexcept {
     if (header == nullptr || header->user != p) return out_of_memory();  // not a block
     old_usable = large_usable_size(header);
     // Large stays large (resized in place or moved by the kernel) unless it shrinks into the
-    // small classes for good.
+    // small classes for good. The kernel cannot move a range that spans two of its mappings
+    // (the large cache joins neighbours): then the block is copied like a small one.
     if (size > kMaxSmallBytes || size >= old_usable / 2) {
-      void* moved = large_resize(header, size);
-      return moved != nullptr ? moved : out_of_memory();
+      if (void* moved = large_resize(header, size); moved != nullptr) return moved;
     }
   }
   void* fresh = alloc(size);

@@ -51,12 +51,27 @@ void unmap_mapping(LargeHeader* header) {
 void cache_remove_at(size_t i) {
   g_cache_bytes -= g_cache[i]->dirty_bytes;
   g_cache[i] = g_cache[--g_cache_used];
-  publish_cache_usage();
 }
 
-// Mappings that sat unused for kLargeCacheDelayMs go back to the OS. Called with the lock held;
-// the evicted ones are returned through `out` so the unmapping happens after unlocking.
-size_t cache_take_expired(uint64_t now, LargeHeader** out) {
+// What the cache may hold: a floor, or a share of the live large bytes, whichever is more, so
+// a program that keeps hundreds of MiB of large blocks and replaces them all the time reuses
+// their pages instead of faulting in fresh ones, while a small program keeps little.
+size_t cache_limit_bytes() {
+  const size_t live = g_totals.bytes_large.load(std::memory_order_relaxed);
+  return std::max(kLargeCacheFloorBytes, live / 100 * kLargeCacheLivePercent);
+}
+
+// Index of the cached mapping that sat longest.
+size_t cache_oldest() {
+  size_t oldest = 0;
+  for (size_t i = 1; i < g_cache_used; ++i)
+    if (g_cache[i]->cached_ms < g_cache[oldest]->cached_ms) oldest = i;
+  return oldest;
+}
+
+// Moves mappings out of the cache into `out` (to be unmapped after unlocking): the expired
+// ones, then the oldest until `incoming` more bytes and one more mapping fit. Lock held.
+size_t cache_evict(uint64_t now, size_t incoming, LargeHeader** out) {
   size_t count = 0;
   for (size_t i = 0; i < g_cache_used;) {
     if (now - g_cache[i]->cached_ms >= kLargeCacheDelayMs) {
@@ -66,44 +81,152 @@ size_t cache_take_expired(uint64_t now, LargeHeader** out) {
       ++i;
     }
   }
+  const size_t limit = cache_limit_bytes();
+  while (g_cache_used > 0 &&
+         (g_cache_used == kLargeCacheCount || g_cache_bytes + incoming > limit)) {
+    const size_t oldest = cache_oldest();
+    out[count++] = g_cache[oldest];
+    cache_remove_at(oldest);
+  }
   return count;
 }
 
-// A cached mapping that can hold `used_bytes` and whose touched part is not much larger (so
-// reusing it does not keep much more memory resident than asked for); the smallest such.
+void cache_insert(LargeHeader* header) {
+  g_cache[g_cache_used++] = header;
+  g_cache_bytes += header->dirty_bytes;
+}
+
+// Cuts the reservation of `header` after `keep_bytes` (whole chunks) and caches the rest as a
+// mapping of its own, with whatever it had touched: a big freed mapping serves a small
+// request without its other pages being given back and faulted in again. Lock held.
+void cache_split(LargeHeader* header, size_t keep_bytes) {
+  if (g_cache_used == kLargeCacheCount || header->reserve_bytes - keep_bytes < kSegmentBytes) return;
+  auto* tail = reinterpret_cast<LargeHeader*>(base_of(header) + keep_bytes);
+  tail->magic = kLargeMagic;
+  tail->user = nullptr;
+  tail->reserve_bytes = header->reserve_bytes - keep_bytes;
+  tail->cached_ms = header->cached_ms;
+  // The tail's header page is touched now, whatever the head had touched.
+  const size_t dirty = header->dirty_bytes;
+  tail->dirty_bytes = 0;
+  set_dirty_bytes(tail, std::max(dirty > keep_bytes ? dirty - keep_bytes : 0, os::page_size()));
+  set_dirty_bytes(header, std::min(dirty, keep_bytes));
+  header->reserve_bytes = keep_bytes;
+  chunk_map_set(tail, tail->reserve_bytes, true);
+  cache_insert(tail);
+}
+
+// Joins `header` with cached mappings right before or after it, so the address space that
+// blocks of any size give back can serve a block of any other size. The dirty count of the
+// joined mapping is an upper bound: the lower part's untouched tail is counted as touched.
+// Lock held; the mappings are not yet (header) or no longer (the rest) in the cache's totals.
+LargeHeader* cache_coalesce(LargeHeader* header) {
+  for (size_t i = 0; i < g_cache_used;) {
+    LargeHeader* other = g_cache[i];
+    LargeHeader* lower;
+    LargeHeader* upper;
+    if (base_of(other) + other->reserve_bytes == base_of(header)) {
+      lower = other, upper = header;
+    } else if (base_of(header) + header->reserve_bytes == base_of(other)) {
+      lower = header, upper = other;
+    } else {
+      ++i;
+      continue;
+    }
+    cache_remove_at(i);
+    // Every mapping has touched at least its header page, so the joined one counts as touched
+    // up to the end of the upper part's touched prefix (the stale header included).
+    const size_t joined_dirty = lower->reserve_bytes + upper->dirty_bytes;
+    lower->dirty_bytes += upper->dirty_bytes;  // moved, not new: the totals stay
+    upper->dirty_bytes = 0;
+    set_dirty_bytes(lower, joined_dirty);
+    lower->reserve_bytes += upper->reserve_bytes;
+    lower->cached_ms = std::max(lower->cached_ms, upper->cached_ms);
+    chunk_map_set(lower, lower->reserve_bytes, true);
+    header = lower;
+    i = 0;  // the joined mapping may now touch another one
+  }
+  return header;
+}
+
+// The cached mapping to serve `used_bytes`: the smallest reservation that holds it, cut down to
+// what the block needs; else the one with the most touched pages, for the caller to grow
+// (moving pages costs less than faulting in fresh ones). nullptr if the cache is empty.
 LargeHeader* cache_take(size_t used_bytes) {
-  LargeHeader* expired[kLargeCacheCount];
-  size_t expired_count;
+  LargeHeader* evicted[kLargeCacheCount];
+  size_t evicted_count;
   LargeHeader* best = nullptr;
   {
     os::LockGuard guard(g_cache_lock);
-    expired_count = cache_take_expired(os::now_ms(), expired);
+    evicted_count = cache_evict(os::now_ms(), 0, evicted);
     size_t best_index = 0;
     for (size_t i = 0; i < g_cache_used; ++i) {
       const LargeHeader* h = g_cache[i];
       if (h->reserve_bytes < used_bytes) continue;
-      if (h->dirty_bytes > used_bytes + used_bytes / kLargeCacheFitRatio) continue;
       if (best == nullptr || h->reserve_bytes < best->reserve_bytes) {
         best = g_cache[i];
         best_index = i;
       }
     }
-    if (best != nullptr) cache_remove_at(best_index);
+    if (best != nullptr) {
+      cache_remove_at(best_index);
+      cache_split(best, align_up(used_bytes, kSegmentBytes));
+    } else if (g_cache_used != 0) {
+      for (size_t i = 1; i < g_cache_used; ++i)
+        if (g_cache[i]->dirty_bytes > g_cache[best_index]->dirty_bytes) best_index = i;
+      best = g_cache[best_index];
+      cache_remove_at(best_index);
+    }
+    publish_cache_usage();
   }
-  for (size_t i = 0; i < expired_count; ++i) unmap_mapping(expired[i]);
+  for (size_t i = 0; i < evicted_count; ++i) unmap_mapping(evicted[i]);
   return best;
 }
 
+// Caches a freed mapping, or returns false if it is more than the cache may hold.
 bool cache_put(LargeHeader* header) {
-  if (header->dirty_bytes > kLargeCacheLimitBytes / 2) return false;  // one block may not flush all
+  LargeHeader* evicted[kLargeCacheCount];
+  size_t evicted_count = 0;
+  bool cached = false;
   header->cached_ms = os::now_ms();
-  os::LockGuard guard(g_cache_lock);
-  if (g_cache_used == kLargeCacheCount || g_cache_bytes + header->dirty_bytes > kLargeCacheLimitBytes)
-    return false;
-  g_cache[g_cache_used++] = header;
-  g_cache_bytes += header->dirty_bytes;
-  publish_cache_usage();
-  return true;
+  {
+    os::LockGuard guard(g_cache_lock);
+    if (header->dirty_bytes <= cache_limit_bytes()) {
+      header = cache_coalesce(header);
+      evicted_count = cache_evict(header->cached_ms, header->dirty_bytes, evicted);
+      cache_insert(header);
+      cached = true;
+    }
+    publish_cache_usage();
+  }
+  for (size_t i = 0; i < evicted_count; ++i) unmap_mapping(evicted[i]);
+  return cached;
+}
+
+// Grows the reservation of `header` to new_reserve bytes: in place if the address space after
+// it is free, else by moving its pages onto a fresh reservation (page tables move, the bytes
+// do not). The header where it now lies, or nullptr (nothing changed) if the OS refuses, as
+// it does for a range that spans two of its mappings.
+LargeHeader* grow_reservation(LargeHeader* header, size_t new_reserve) {
+  const size_t old_reserve = header->reserve_bytes;
+  if (os::remap_in_place(header, old_reserve, new_reserve)) {
+    chunk_map_set(header, new_reserve, true);
+  } else {
+    const size_t alignment = header->alignment > kSegmentBytes ? header->alignment : kSegmentBytes;
+    void* target = os::reserve_aligned(new_reserve, alignment);
+    if (target == nullptr) return nullptr;
+    if (!os::remap_to(header, old_reserve, new_reserve, target)) {
+      os::unmap(target, new_reserve);
+      return nullptr;
+    }
+    chunk_map_clear(header, old_reserve);
+    header = static_cast<LargeHeader*>(target);
+    chunk_map_set(header, new_reserve, true);
+  }
+  header->reserve_bytes = new_reserve;
+  count_add(g_totals.bytes_mapped, new_reserve);
+  count_sub(g_totals.bytes_mapped, old_reserve);
+  return header;
 }
 
 }  // namespace
@@ -117,8 +240,19 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   const size_t used_bytes = align_up(offset + size, os::page_size());
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
   LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(used_bytes) : nullptr;
+  if (header != nullptr && header->reserve_bytes < used_bytes) {
+    header->alignment = alignment;
+    LargeHeader* grown = grow_reservation(header, align_up(used_bytes, kSegmentBytes));
+    if (grown == nullptr) unmap_mapping(header);
+    header = grown;
+  }
   if (header != nullptr) {
     // Reused: only what it touched before can hold old data; the rest still reads as zero.
+    if (header->dirty_bytes > used_bytes + used_bytes / kLargeCacheFitRatio) {
+      os::purge(base_of(header) + used_bytes, header->dirty_bytes - used_bytes);
+      count_add(g_totals.bytes_purged, header->dirty_bytes - used_bytes);
+      set_dirty_bytes(header, used_bytes);
+    }
     if (zero && header->dirty_bytes > offset)
       std::memset(base_of(header) + offset, 0, std::min(size, header->dirty_bytes - offset));
     set_dirty_bytes(header, std::max(header->dirty_bytes, used_bytes));
@@ -190,26 +324,9 @@ void* large_resize(LargeHeader* header, size_t new_size) {
       set_dirty_bytes(header, new_used);
     }
   } else {
-    const size_t new_reserve = align_up(new_used, kSegmentBytes);
-    if (os::remap_in_place(header, old_reserve, new_reserve)) {
-      chunk_map_set(header, new_reserve, true);
-    } else {
-      // Move the pages, not the bytes: mremap onto a fresh aligned reservation.
-      const size_t alignment = header->alignment > kSegmentBytes ? header->alignment : kSegmentBytes;
-      void* target = os::reserve_aligned(new_reserve, alignment);
-      if (target == nullptr) return nullptr;
-      if (!os::remap_to(header, old_reserve, new_reserve, target)) {
-        os::unmap(target, new_reserve);
-        return nullptr;
-      }
-      chunk_map_clear(header, old_reserve);
-      header = static_cast<LargeHeader*>(target);
-      header->user = base_of(header) + offset;
-      chunk_map_set(header, new_reserve, true);
-    }
-    header->reserve_bytes = new_reserve;
-    count_add(g_totals.bytes_mapped, new_reserve);
-    count_sub(g_totals.bytes_mapped, old_reserve);
+    header = grow_reservation(header, align_up(new_used, kSegmentBytes));
+    if (header == nullptr) return nullptr;
+    header->user = base_of(header) + offset;
   }
   header->used_bytes = new_used;
   set_dirty_bytes(header, std::max(header->dirty_bytes, new_used));

@@ -42,13 +42,17 @@ inline constexpr uint32_t kRemoteBatchBlocks = 64;
 // does not hand pages to the pool and take them back on every swing.
 inline constexpr size_t kHeapRetainedBytes = size_t{1} << 20;
 
-// Freed large blocks kept mapped for reuse, in count and in total bytes.
-inline constexpr size_t kLargeCacheCount = 16;
-inline constexpr size_t kLargeCacheLimitBytes = size_t{64} << 20;
-// ...and for at most this long.
+// Freed large blocks kept mapped for reuse: at most this many mappings, holding at most the
+// larger of a floor and a share of the bytes of live large blocks (a program that replaces
+// big buffers all the time then reuses their pages instead of faulting in new ones)...
+inline constexpr size_t kLargeCacheCount = 64;
+inline constexpr size_t kLargeCacheFloorBytes = size_t{64} << 20;
+inline constexpr size_t kLargeCacheLivePercent = 50;
+// ...each for at most this long.
 inline constexpr uint64_t kLargeCacheDelayMs = 1000;
-// A cached large mapping serves a request only if it wastes at most 1/kLargeCacheFitRatio of it.
-inline constexpr size_t kLargeCacheFitRatio = 4;
+// A reused mapping keeps touched pages past the block's end only up to 1/kLargeCacheFitRatio
+// of the block; the rest goes back to the OS.
+inline constexpr size_t kLargeCacheFitRatio = 2;
 
 // Every block from 16 bytes up is aligned to this (the 8-byte class only to 8); larger
 // alignments need a class whose size is a multiple of them, or a large block.

@@ -126,7 +126,7 @@ TEST(Threads, CrossThreadFreesUnderStress) {
 // block are touched: filling it would prove nothing more.
 TEST(Threads, LargeMappingsMoveBetweenThreads) {
   constexpr unsigned kThreads = 3;
-  constexpr size_t kBlockBytes = tray::kLargeCacheLimitBytes + 8 * tray_test::kMiB;
+  constexpr size_t kBlockBytes = tray::kLargeCacheFloorBytes + 8 * tray_test::kMiB;
   const size_t rounds = tray_test::scaled(2000);
   std::atomic<size_t> failures{0};
   std::vector<std::thread> threads;
