@@ -115,12 +115,21 @@ void push_remote(Heap* owner, Block* first, Block* last) {
                                                      std::memory_order_relaxed));
 }
 
+void flush_bucket(RemoteBucket& bucket) {
+  if (bucket.count == 0) return;
+  push_remote(bucket.target, bucket.head, bucket.tail);
+  bucket = RemoteBucket{};
+}
+
 void flush_outgoing(Heap* heap) {
-  if (heap->outgoing_count == 0) return;
-  push_remote(heap->outgoing_target, heap->outgoing_head, heap->outgoing_tail);
-  heap->outgoing_target = nullptr;
-  heap->outgoing_head = heap->outgoing_tail = nullptr;
-  heap->outgoing_count = 0;
+  for (RemoteBucket& bucket : heap->outgoing) flush_bucket(bucket);
+}
+
+// Heaps are cache-line aligned and thousands of bytes apart: the bits above the line offset,
+// mixed by a multiplicative hash, spread owners over the buckets.
+RemoteBucket& bucket_for(Heap* self, const Heap* owner) {
+  const uint64_t key = (reinterpret_cast<uintptr_t>(owner) >> 6) * 0x9E3779B97F4A7C15ULL;
+  return self->outgoing[key >> (64 - kRemoteBucketShift)];
 }
 
 void drain_remote(Heap* heap) {
@@ -155,8 +164,10 @@ bool release_empty_pages(Heap* heap) {
 }
 
 // Parked heaps get no slow path of their own: remote frees into them would wait for the next
-// thread to start. Threads that need a page take them back now and then.
+// thread to start. Threads that need a page take them back now and then, and give back the
+// empty pages of heaps that no thread adopted within kPurgeDelayMs.
 bool collect_parked(bool every_heap) {
+  const uint64_t now = os::now_ms();
   Heap* taken;
   {
     os::LockGuard guard(g_heaps_lock);
@@ -167,7 +178,8 @@ bool collect_parked(bool every_heap) {
   bool released = false;
   Heap* last = taken;
   for (Heap* heap = taken; heap != nullptr; heap = heap->next_abandoned) {
-    if (every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr)
+    if (every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr ||
+        (heap->retained_bytes != 0 && now - heap->parked_ms >= kPurgeDelayMs))
       released |= release_empty_pages(heap);
     last = heap;
   }
@@ -338,14 +350,15 @@ void heap_free_block(Heap* self, Page* page, Block* block) noexcept {
     push_remote(owner, block, block);
     return;
   }
-  if (self->outgoing_target != owner) {
-    flush_outgoing(self);
-    self->outgoing_target = owner;
-    self->outgoing_tail = block;
+  RemoteBucket& bucket = bucket_for(self, owner);
+  if (bucket.target != owner) {
+    flush_bucket(bucket);
+    bucket.target = owner;
+    bucket.tail = block;
   }
-  block->next = self->outgoing_head;
-  self->outgoing_head = block;
-  if (++self->outgoing_count == kRemoteBatchBlocks) flush_outgoing(self);
+  block->next = bucket.head;
+  bucket.head = block;
+  if (++bucket.count == kRemoteBatchBlocks) flush_bucket(bucket);
 }
 
 Heap* heap_attach_thread() {
@@ -370,14 +383,17 @@ Heap* heap_attach_thread() {
   return heap;
 }
 
+// The heap keeps its retained empty pages: the next thread to start adopts them with the heap,
+// instead of taking them back from the pool (collect_parked gives them back if none comes).
 void heap_detach_thread(Heap* heap) {
   flush_outgoing(heap);
-  release_empty_pages(heap);
+  drain_remote(heap);
   if (tls_heap == heap) tls_heap = &g_empty_heap;
   if (tls_own_heap == heap) tls_own_heap = nullptr;
   count_sub(g_totals.threads_attached, 1);
   count_add(g_totals.threads_exited, 1);
   os::LockGuard guard(g_heaps_lock);
+  heap->parked_ms = os::now_ms();
   heap->next_abandoned = g_parked;
   g_parked = heap;
   count_add(g_totals.heaps_abandoned, 1);

@@ -149,6 +149,8 @@ LargeHeader* cache_coalesce(LargeHeader* header) {
   return header;
 }
 
+size_t distance(size_t a, size_t b) { return a > b ? a - b : b - a; }
+
 // The cached mapping to serve `used_bytes`: the smallest reservation that holds it, cut down to
 // what the block needs; else the one with the most touched pages, for the caller to grow
 // (moving pages costs less than faulting in fresh ones). nullptr if the cache is empty.
@@ -161,10 +163,14 @@ LargeHeader* cache_take(size_t used_bytes) {
     evicted_count = cache_evict(os::now_ms(), 0, evicted);
     size_t best_index = 0;
     for (size_t i = 0; i < g_cache_used; ++i) {
-      const LargeHeader* h = g_cache[i];
+      LargeHeader* h = g_cache[i];
       if (h->reserve_bytes < used_bytes) continue;
-      if (best == nullptr || h->reserve_bytes < best->reserve_bytes) {
-        best = g_cache[i];
+      // Among equal reservations (every block under a chunk has one chunk), the touched size
+      // nearest the request: fewest pages to fault in or to give back.
+      if (best == nullptr || h->reserve_bytes < best->reserve_bytes ||
+          (h->reserve_bytes == best->reserve_bytes &&
+           distance(h->dirty_bytes, used_bytes) < distance(best->dirty_bytes, used_bytes))) {
+        best = h;
         best_index = i;
       }
     }

@@ -1,5 +1,6 @@
 #include "segment.hpp"
 
+#include <algorithm>
 #include <new>
 
 #include "core/assert.hpp"
@@ -19,6 +20,7 @@ Segment* g_partial = nullptr;       // segments with at least one free unit
 Segment* g_cache = nullptr;         // empty, purged segments kept mapped
 size_t g_cache_count = 0;
 size_t g_dirty_bytes = 0;
+size_t g_page_bytes = 0;            // units that belong to pages
 uint64_t g_last_purge_ms = 0;
 
 void list_push(Segment*& head, Segment* s) {
@@ -103,18 +105,23 @@ void retire_if_empty(Segment* s) {
 }
 
 // Dirty units go back to the OS once they have been free for kPurgeDelayMs. When more than
-// kDirtyLimitBytes pile up sooner, segments are purged until half the limit is left: enough
+// dirty_limit_bytes() pile up sooner, segments are purged until half the limit is left: enough
 // to bound the resident size, while the most recently freed units stay for quick reuse (a
 // program whose working set swings by more than the limit would otherwise fault in every
 // page it frees). force (trim) purges everything.
+size_t dirty_limit_bytes() {
+  return std::max(kDirtyFloorBytes, g_page_bytes / 100 * kDirtyPercentOfInUse);
+}
+
 void purge_locked(uint64_t now, bool force) {
-  const bool over_limit = g_dirty_bytes > kDirtyLimitBytes;
+  const size_t limit = dirty_limit_bytes();
+  const bool over_limit = g_dirty_bytes > limit;
   if (!force && !over_limit && now - g_last_purge_ms < kPurgeDelayMs) return;
   g_last_purge_ms = now;
   for (Segment* s = g_partial; s != nullptr;) {
     Segment* next = s->next;
     const bool expired = now - s->dirty_since_ms >= kPurgeDelayMs;
-    const bool still_over = g_dirty_bytes > kDirtyLimitBytes / 2;
+    const bool still_over = g_dirty_bytes > limit / 2;
     if (s->dirty_units != 0 && (force || expired || (over_limit && still_over)))
       purge_dirty_units(s);
     retire_if_empty(s);
@@ -180,6 +187,7 @@ Page* segment_take_page(unsigned units) {
   count_sub(g_totals.bytes_decommitted, size_t(popcount64(~s->dirty_units & mask)) * kUnitBytes);
   s->dirty_units &= ~mask;
   s->free_units &= ~mask;
+  g_page_bytes += size_t(units) * kUnitBytes;
   if (s->free_units == 0) list_remove(g_partial, s);
   for (unsigned u = 0; u < units; ++u) s->page_offset[first + int(u)] = page_offset_of(unsigned(first));
   Page* page = &s->pages[first];
@@ -205,6 +213,7 @@ void segment_return_page(Page* page) {
   s->free_units |= mask;
   s->dirty_units |= mask;
   g_dirty_bytes += size_t(units) * kUnitBytes;
+  g_page_bytes -= size_t(units) * kUnitBytes;
   purge_locked(now, false);
 }
 

@@ -80,6 +80,16 @@ struct PageQueue {
   Page* tail = nullptr;
 };
 
+// Blocks on their way to one owner heap: a list built by the freeing thread alone, sent to the
+// owner's remote_free stack in one compare-and-swap when it holds kRemoteBatchBlocks blocks,
+// when a block for another owner needs the bucket, or on the sender's next slow path.
+struct RemoteBucket {
+  Heap* target = nullptr;
+  Block* head = nullptr;
+  Block* tail = nullptr;
+  uint32_t count = 0;
+};
+
 struct Heap {
   explicit constexpr Heap(Page* empty_page) {
     for (auto& page : direct) page = empty_page;
@@ -88,15 +98,13 @@ struct Heap {
   Page* direct[kSizeClassCount];
   PageQueue queues[kSizeClassCount];
   Heap* next_abandoned = nullptr;    // parked without a thread (heaps lock)
+  uint64_t parked_ms = 0;            // when it was parked (heaps lock)
   Heap* next_created = nullptr;      // every heap ever made, newest first; never unlinked
   Quarantine* quarantine = nullptr;  // debug mode: blocks freed but not yet reusable
   size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
-  // Blocks this heap's thread freed into another heap, gathered so that a run of frees to the
-  // same heap costs one compare-and-swap instead of one each (see kRemoteBatchBlocks).
-  Heap* outgoing_target = nullptr;
-  Block* outgoing_head = nullptr;
-  Block* outgoing_tail = nullptr;
-  uint32_t outgoing_count = 0;
+  // Blocks this heap's thread freed into other heaps, gathered per owner so that frees to
+  // several owners, interleaved, still cost one compare-and-swap per batch (see RemoteBucket).
+  RemoteBucket outgoing[kRemoteBuckets];
   HeapCounters counters;
   // Blocks of this heap's pages freed by other threads: a lock-free stack that the owner
   // takes whole. On its own cache line so remote frees do not slow the owner's fields.

@@ -29,13 +29,19 @@ inline constexpr unsigned kAddressBits = 47;
 
 // Empty spans stay committed ("dirty") this long before they are given back with madvise...
 inline constexpr uint64_t kPurgeDelayMs = 200;
-// ...unless more than this many dirty bytes have piled up, then the oldest go at once.
-inline constexpr size_t kDirtyLimitBytes = size_t{4} << 20;
+// ...unless more dirty bytes than the larger of a floor and a share of the bytes in pages have
+// piled up, then the oldest go at once. Proportional, so that threads that come and go hand
+// their pages to the next ones instead of giving them to the OS and faulting them back in.
+inline constexpr size_t kDirtyFloorBytes = size_t{8} << 20;
+inline constexpr size_t kDirtyPercentOfInUse = 25;
 // Fully empty segments kept mapped (their units purged) to save a later mmap.
 inline constexpr size_t kSegmentCacheCount = 4;
 
-// Frees into another thread's heap are sent in batches of up to this many blocks (a batch also
-// goes when the target changes, and on the sender's next allocation slow path).
+// Frees into other threads' heaps are gathered in this many buckets per heap, a bucket per
+// owner (by hash), and sent in batches of up to kRemoteBatchBlocks blocks (a batch also goes
+// when another owner needs its bucket, and on the sender's next allocation slow path).
+inline constexpr unsigned kRemoteBucketShift = 3;
+inline constexpr unsigned kRemoteBuckets = 1u << kRemoteBucketShift;
 inline constexpr uint32_t kRemoteBatchBlocks = 64;
 
 // Empty pages a heap keeps in its queues, so that a working set that swings by a page or two
