@@ -9,6 +9,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstddef>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -192,6 +193,61 @@ TEST(Fork, ChildOfASingleThreadedParentRunsThreads) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(ended_well(status)) << "child " << describe_end(status);
   EXPECT_TRUE(check_and_free(parent_blocks));
+}
+
+// fork while another thread is sending blocks home: the fork may land with a batch half
+// gathered in the sender's heap or half pushed onto the owner's stack. The child, whose sender
+// does not exist, must still allocate and free in every class; the parent's blocks keep
+// coming home afterwards.
+TEST(Fork, WhileBlocksAreInTransit) {
+  constexpr int kForks = 8;
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> corrupt{0};
+  std::atomic<size_t> freed{0};
+  std::mutex queue_lock;
+  std::vector<Block> queue;
+  std::thread sender([&] {
+    tray_free(tray_malloc(16));  // a heap of its own: remote frees gather in its buckets
+    std::vector<Block> taken;
+    while (!stop.load()) {
+      {
+        std::lock_guard<std::mutex> hold(queue_lock);
+        taken.swap(queue);
+      }
+      for (const Block& block : taken) {
+        if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+        freed.fetch_add(1);
+      }
+      taken.clear();
+    }
+  });
+  tray_test::Rng rng(9);
+  for (int fork_index = 0; fork_index < kForks; ++fork_index) {
+    const size_t freed_before = freed.load();
+    {
+      std::lock_guard<std::mutex> hold(queue_lock);
+      for (int i = 0; i < 300; ++i) queue.push_back(tray_test::allocate_filled(tray_test::mixed_size(rng)));
+    }
+    while (freed.load() == freed_before) std::this_thread::yield();  // the sender is at work
+
+    BlockSet parent_blocks;
+    ASSERT_TRUE(allocate_across_classes(parent_blocks));
+    const pid_t child = ::fork();
+    ASSERT_NE(child, -1);
+    if (child == 0) {
+      ::alarm(kChildWatchdogSeconds);
+      ::_exit(child_main(parent_blocks));
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(ended_well(status)) << "fork " << fork_index << ": child " << describe_end(status);
+    EXPECT_TRUE(check_and_free(parent_blocks)) << "fork " << fork_index;
+  }
+  stop.store(true);
+  sender.join();
+  for (const Block& block : queue)
+    if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+  EXPECT_EQ(corrupt.load(), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,150 @@
+// Frees from other threads: blocks gathered per owner on the freeing side, sent in batches,
+// taken in by the owner on its slow path, or by whoever collects parked heaps. Every block must
+// come home exactly once: a block lost in transit leaves its page in use for good (visible in
+// the class's page count after a trim), a block delivered twice is handed out twice (visible
+// as a broken fill pattern).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstddef>
+#include <thread>
+#include <vector>
+
+#include "size_classes.hpp"
+#include "support.hpp"
+#include "traymalloc.h"
+
+namespace {
+
+using tray_test::Block;
+
+// 6000 B requests take the 6 KiB class. After a trim, its page count is the number of pages
+// holding live blocks: a block stranded on its way home keeps one more.
+constexpr size_t kProbeBytes = 6000;
+
+unsigned long long probe_class_pages() {
+  const unsigned c = tray::size_class_of(kProbeBytes);
+  return tray_test::stats_now().classes[c].pages;
+}
+
+std::vector<Block> allocate_probe_blocks(size_t count) {
+  std::vector<Block> blocks;
+  for (size_t i = 0; i < count; ++i) blocks.push_back(tray_test::allocate_filled(kProbeBytes));
+  return blocks;
+}
+
+// Several threads free, interleaved, blocks of one owner that keeps allocating and freeing
+// its own blocks meanwhile, so its slow path takes batches in while more arrive.
+TEST(RemoteFree, ManySendersToOneOwner) {
+  constexpr unsigned kSenders = 4;
+  const size_t blocks_per_sender = tray_test::scaled(20000);
+  tray_test::Rng rng(3);
+  std::vector<std::vector<Block>> outgoing(kSenders);
+  size_t small_blocks = 0;  // large blocks are not remote frees: they belong to no heap
+  for (size_t i = 0; i < blocks_per_sender * kSenders; ++i) {
+    const Block block = tray_test::allocate_filled(tray_test::mixed_size(rng));
+    ASSERT_NE(block.ptr, nullptr);
+    outgoing[i % kSenders].push_back(block);
+    if (block.size <= tray::kMaxSmallBytes) ++small_blocks;
+  }
+  const unsigned long long remote_before = tray_test::stats_now().remote_frees;
+  std::atomic<size_t> corrupt{0};
+  std::atomic<unsigned> senders_done{0};
+  std::vector<std::thread> senders;
+  for (unsigned s = 0; s < kSenders; ++s) {
+    senders.emplace_back([&, s] {
+      tray_free(tray_malloc(16));  // a heap of its own: batches, not single blocks
+      for (const Block& block : outgoing[s])
+        if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+      senders_done.fetch_add(1);
+    });
+  }
+  // The owner churns its own blocks while the batches land.
+  std::vector<Block> own;
+  while (senders_done.load() < kSenders) {
+    for (int i = 0; i < 64; ++i) own.push_back(tray_test::allocate_filled(tray_test::mixed_size(rng)));
+    for (const Block& block : own) EXPECT_TRUE(tray_test::free_checked(block));
+    own.clear();
+  }
+  for (std::thread& sender : senders) sender.join();
+  EXPECT_EQ(corrupt.load(), 0u);
+  EXPECT_EQ(tray_test::stats_now().remote_frees - remote_before, small_blocks);
+  // Every block came back: the memory serves the owner again without corruption.
+  for (size_t i = 0; i < blocks_per_sender; ++i) {
+    const Block block = tray_test::allocate_filled(tray_test::mixed_size(rng));
+    ASSERT_NE(block.ptr, nullptr);
+    own.push_back(block);
+  }
+  for (const Block& block : own) EXPECT_TRUE(tray_test::free_checked(block));
+}
+
+// A thread frees a few blocks of another heap (too few to fill a batch) and exits: its
+// gathered batch must still reach the owner.
+TEST(RemoteFree, SenderExitsWithBlocksInTransit) {
+  tray_trim();
+  const unsigned long long pages_before = probe_class_pages();
+  std::vector<Block> blocks = allocate_probe_blocks(5);
+  std::atomic<size_t> corrupt{0};
+  std::thread([&] {
+    tray_free(tray_malloc(16));
+    for (const Block& block : blocks)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+  }).join();
+  EXPECT_EQ(corrupt.load(), 0u);
+  tray_trim();  // takes the remote frees in and gives empty pages back
+  EXPECT_EQ(probe_class_pages(), pages_before) << "blocks stranded in the exited sender";
+}
+
+// Blocks of a thread that has exited are freed by another: they land in a parked heap, which
+// a trim (or a later thread) collects; a thread started afterwards adopts that heap and works.
+TEST(RemoteFree, FreesIntoTheHeapOfAnExitedThread) {
+  tray_trim();
+  const unsigned long long pages_before = probe_class_pages();
+  std::vector<Block> blocks;
+  std::thread([&] { blocks = allocate_probe_blocks(300); }).join();
+  ASSERT_EQ(blocks.size(), 300u);
+  for (const Block& block : blocks) {
+    ASSERT_NE(block.ptr, nullptr);
+    EXPECT_TRUE(tray_test::free_checked(block));
+  }
+  tray_trim();
+  EXPECT_EQ(probe_class_pages(), pages_before) << "pages of the parked heap not given back";
+  std::atomic<size_t> corrupt{0};
+  std::thread([&] {
+    std::vector<Block> again = allocate_probe_blocks(300);
+    for (const Block& block : again)
+      if (block.ptr == nullptr || !tray_test::free_checked(block)) corrupt.fetch_add(1);
+  }).join();
+  EXPECT_EQ(corrupt.load(), 0u);
+}
+
+// Owners and senders at once, both ways, with threads replaced while blocks are in flight
+// (the pattern of a server handing requests between worker threads).
+TEST(RemoteFree, ThreadsReplacedWhileBlocksMoveBothWays) {
+  constexpr unsigned kPairs = 2;
+  const size_t rounds = tray_test::scaled(40);
+  std::vector<std::vector<Block>> mailbox(kPairs * 2);
+  std::atomic<size_t> corrupt{0};
+  for (size_t round = 0; round < rounds; ++round) {
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < kPairs * 2; ++t) {
+      threads.emplace_back([&, t, round] {
+        tray_test::Rng rng(round * 31 + t);
+        // Free what the previous round's thread of the other side left here.
+        for (const Block& block : mailbox[t])
+          if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+        mailbox[t].clear();
+        for (int i = 0; i < 500; ++i) mailbox[t].push_back(tray_test::allocate_filled(tray_test::mixed_size(rng)));
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    // Swap the mailboxes so each thread of the next round frees blocks of an exited one.
+    for (unsigned t = 0; t < kPairs; ++t) std::swap(mailbox[t], mailbox[t + kPairs]);
+  }
+  for (const std::vector<Block>& blocks : mailbox)
+    for (const Block& block : blocks)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+  EXPECT_EQ(corrupt.load(), 0u);
+}
+
+}  // namespace
