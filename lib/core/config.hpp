@@ -32,7 +32,7 @@ inline constexpr uint64_t kPurgeDelayMs = 200;
 // ...unless more dirty bytes than the larger of a floor and a share of the bytes in pages have
 // piled up, then the oldest go at once. Proportional, so that threads that come and go hand
 // their pages to the next ones instead of giving them to the OS and faulting them back in.
-inline constexpr size_t kDirtyFloorBytes = size_t{8} << 20;
+inline constexpr size_t kDirtyFloorBytes = size_t{6} << 20;
 inline constexpr size_t kDirtyPercentOfInUse = 25;
 // Fully empty segments kept mapped (their units purged) to save a later mmap.
 inline constexpr size_t kSegmentCacheCount = 4;
