@@ -145,6 +145,24 @@ int child_main(const BlockSet& parent_blocks) {
   return allocate_fresh_pages();
 }
 
+// Forks while the parent holds blocks of every class: the child runs child_main on its copy of
+// them, and the parent checks how the child ended and that its own blocks are intact (the
+// child's frees touched its own copy only).
+void fork_and_check(int fork_index) {
+  BlockSet parent_blocks;
+  ASSERT_TRUE(allocate_across_classes(parent_blocks));
+  const pid_t child = ::fork();
+  ASSERT_NE(child, -1);
+  if (child == 0) {
+    ::alarm(kChildWatchdogSeconds);
+    ::_exit(child_main(parent_blocks));
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(ended_well(status)) << "fork " << fork_index << ": child " << describe_end(status);
+  EXPECT_TRUE(check_and_free(parent_blocks)) << "fork " << fork_index;
+}
+
 TEST(Fork, ChildOfAMultiThreadedParentAllocatesAndFrees) {
   // Each fork has a fair chance to catch a lock held; a dozen make a missing fork handler
   // show up reliably.
@@ -155,20 +173,7 @@ TEST(Fork, ChildOfAMultiThreadedParentAllocatesAndFrees) {
     const size_t rounds_before = loops.rounds();
     while (loops.rounds() <= rounds_before) std::this_thread::yield();
 
-    BlockSet parent_blocks;
-    ASSERT_TRUE(allocate_across_classes(parent_blocks));
-    const pid_t child = ::fork();
-    ASSERT_NE(child, -1);
-    if (child == 0) {
-      ::alarm(kChildWatchdogSeconds);
-      ::_exit(child_main(parent_blocks));
-    }
-
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    ASSERT_TRUE(ended_well(status)) << "fork " << fork_index << ": child " << describe_end(status);
-    // The child's frees touched its own copy only.
-    EXPECT_TRUE(check_and_free(parent_blocks)) << "fork " << fork_index;
+    ASSERT_NO_FATAL_FAILURE(fork_and_check(fork_index));
   }
   EXPECT_EQ(loops.corrupt_blocks(), 0u);
 }
@@ -230,18 +235,7 @@ TEST(Fork, WhileBlocksAreInTransit) {
     }
     while (freed.load() == freed_before) std::this_thread::yield();  // the sender is at work
 
-    BlockSet parent_blocks;
-    ASSERT_TRUE(allocate_across_classes(parent_blocks));
-    const pid_t child = ::fork();
-    ASSERT_NE(child, -1);
-    if (child == 0) {
-      ::alarm(kChildWatchdogSeconds);
-      ::_exit(child_main(parent_blocks));
-    }
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    ASSERT_TRUE(ended_well(status)) << "fork " << fork_index << ": child " << describe_end(status);
-    EXPECT_TRUE(check_and_free(parent_blocks)) << "fork " << fork_index;
+    ASSERT_NO_FATAL_FAILURE(fork_and_check(fork_index));
   }
   stop.store(true);
   sender.join();
