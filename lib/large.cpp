@@ -212,14 +212,13 @@ bool cache_put(LargeHeader* header) {
 // Grows the reservation of `header` to new_reserve bytes: in place if the address space after
 // it is free, else by moving its pages onto a fresh reservation (page tables move, the bytes
 // do not). The header where it now lies, or nullptr (nothing changed) if the OS refuses, as
-// it does for a range that spans two of its mappings.
-LargeHeader* grow_reservation(LargeHeader* header, size_t new_reserve) {
+// it does for a range that spans two of its mappings. `alignment` is the block's.
+LargeHeader* grow_reservation(LargeHeader* header, size_t new_reserve, size_t alignment) {
   const size_t old_reserve = header->reserve_bytes;
   if (os::remap_in_place(header, old_reserve, new_reserve)) {
     chunk_map_set(header, new_reserve, true);
   } else {
-    const size_t alignment = header->alignment > kSegmentBytes ? header->alignment : kSegmentBytes;
-    void* target = os::reserve_aligned(new_reserve, alignment);
+    void* target = os::reserve_aligned(new_reserve, std::max(alignment, kSegmentBytes));
     if (target == nullptr) return nullptr;
     if (!os::remap_to(header, old_reserve, new_reserve, target)) {
       os::unmap(target, new_reserve);
@@ -247,8 +246,7 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
   LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(used_bytes) : nullptr;
   if (header != nullptr && header->reserve_bytes < used_bytes) {
-    header->alignment = alignment;
-    LargeHeader* grown = grow_reservation(header, align_up(used_bytes, kSegmentBytes));
+    LargeHeader* grown = grow_reservation(header, align_up(used_bytes, kSegmentBytes), alignment);
     if (grown == nullptr) unmap_mapping(header);
     header = grown;
   }
@@ -330,7 +328,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
       set_dirty_bytes(header, new_used);
     }
   } else {
-    header = grow_reservation(header, align_up(new_used, kSegmentBytes));
+    header = grow_reservation(header, align_up(new_used, kSegmentBytes), header->alignment);
     if (header == nullptr) return nullptr;
     header->user = base_of(header) + offset;
   }
