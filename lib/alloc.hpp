@@ -35,14 +35,14 @@ void* reallocate(void* p, size_t size) noexcept;
 size_t usable_size(const void* p) noexcept;
 bool trim_all() noexcept;
 
-// Sizes past the one-load class table take a call: they cost more to use than the call.
+// Sizes past the fine class table test one more bound, in the branch small sizes skip.
 // In debug mode tls_heap is &g_empty_heap, with no block to pop and no page to own, so both
 // fast paths fall through to the checked slow paths at no cost when debug mode is off.
 TRAY_INLINE void* alloc(size_t size) noexcept {
-  if (TRAY_LIKELY(size <= kLookupLimitBytes)) {
-    void* p = heap_pop(tls_heap, size_class_lookup(size), size);
-    if (TRAY_LIKELY(p != nullptr)) return p;
-  }
+  void* p = nullptr;
+  if (TRAY_LIKELY(size <= kLookupLimitBytes)) p = heap_pop(tls_heap, size_class_lookup(size), size);
+  else if (size <= kMaxSmallBytes) p = heap_pop(tls_heap, size_class_coarse(size), size);
+  if (TRAY_LIKELY(p != nullptr)) return p;
   return alloc_slow(size, 0, false);
 }
 

@@ -216,6 +216,10 @@ Page* find_page(Heap* heap, unsigned c) {
     page->used = 1;
     page = next;
   }
+  // Before taking a page: blocks held back for their owners may be what another heap needs
+  // to avoid taking one too. Not on every slow path: in classes whose pages hold few blocks
+  // that would send batches of two or three, one compare-and-swap each.
+  flush_outgoing(heap);
   maybe_collect_parked();
   // The class grows: a moment when its live count is at a high.
   heap_sample_peak(c);
@@ -283,7 +287,6 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
       return nullptr;
     }
   }
-  flush_outgoing(heap);
   if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) drain_remote(heap);
   Page* page = find_page(heap, size_class);
   if (page == nullptr) {

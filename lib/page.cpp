@@ -50,7 +50,7 @@ void page_extend(Page* page) {
   TRAY_ASSERT(page_can_extend(page));
   const size_t block = page->block_bytes;
   uint32_t count = uint32_t(kPageExtendBytes / block);
-  if (count == 0) count = 1;
+  if (count < kPageExtendMinBlocks) count = kPageExtendMinBlocks;
   if (count > page->reserved - page->capacity) count = page->reserved - page->capacity;
   // Link in address order, so a fresh page hands out ascending addresses (friendly to the
   // hardware prefetcher), onto the front of whatever the free list holds.

@@ -25,8 +25,12 @@ inline constexpr unsigned kGeometricDoublings =
 inline constexpr unsigned kSizeClassCount =
     kFirstGeometricClass + kGeometricDoublings * kClassesPerDoubling;  // 49
 inline constexpr unsigned kMinBlocksPerPage = 8;
-// Sizes up to this are mapped to a class with one table load.
+// Sizes up to this are mapped to a class with one table load indexed by the size...
 inline constexpr size_t kLookupLimitBytes = 1024;
+// ...and larger ones, up to kMaxSmallBytes, by the size in steps of this many bytes (every
+// class boundary past kLookupLimitBytes is a multiple of it; checked below).
+inline constexpr unsigned kCoarseStepShift = 8;
+inline constexpr size_t kCoarseStepBytes = size_t{1} << kCoarseStepShift;
 
 namespace detail {
 
@@ -61,6 +65,8 @@ struct ClassTables {
   std::array<uint8_t, kSizeClassCount> slab_units{};
   std::array<uint32_t, kSizeClassCount> blocks_per_page{};
   std::array<uint8_t, kLookupLimitBytes + 1> class_of_lookup{};  // index: the size itself
+  // index: the size in coarse steps, rounded up (sizes above kLookupLimitBytes)
+  std::array<uint8_t, (kMaxSmallBytes >> kCoarseStepShift) + 1> class_of_coarse{};
 };
 
 constexpr ClassTables make_class_tables() {
@@ -72,6 +78,8 @@ constexpr ClassTables make_class_tables() {
   }
   for (size_t i = 0; i < t.class_of_lookup.size(); ++i)
     t.class_of_lookup[i] = uint8_t(compute_class_of(i));
+  for (size_t i = 0; i < t.class_of_coarse.size(); ++i)
+    t.class_of_coarse[i] = uint8_t(compute_class_of(i << kCoarseStepShift));
   return t;
 }
 
@@ -90,10 +98,15 @@ TRAY_INLINE constexpr size_t size_class_lookup(size_t size) {
   return kClassTables.class_of_lookup[size];
 }
 
+// The class for kLookupLimitBytes < size <= kMaxSmallBytes: one shift and one load.
+TRAY_INLINE constexpr size_t size_class_coarse(size_t size) {
+  return kClassTables.class_of_coarse[(size + kCoarseStepBytes - 1) >> kCoarseStepShift];
+}
+
 // The smallest class whose blocks hold `size` bytes; size must be <= kMaxSmallBytes.
 TRAY_INLINE constexpr unsigned size_class_of(size_t size) {
   if (TRAY_LIKELY(size <= kLookupLimitBytes)) return size_class_lookup(size);
-  return detail::compute_class_of(size);
+  return unsigned(size_class_coarse(size));
 }
 
 // --- compile-time checks of the table -----------------------------------------------------
@@ -109,7 +122,10 @@ constexpr bool classes_are_sound() {
     if (class_slab_units(c) >= kUnitsPerSegment) return false;            // fits in a segment
     // Worst waste of a block: the request just above the previous class.
     if (c > kFirstGeometricClass && (size - class_size(c - 1) - 1) * 5 > size) return false;
+    if (size > kLookupLimitBytes && size % kCoarseStepBytes != 0) return false;  // coarse table
   }
+  for (size_t size = kLookupLimitBytes + 1; size <= kMaxSmallBytes; ++size)
+    if (size_class_coarse(size) != compute_class_of(size)) return false;
   return true;
 }
 }  // namespace detail

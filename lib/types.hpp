@@ -29,7 +29,9 @@ struct Quarantine;
 // all the page holds. Owner-thread fields are plain. `heap` is read by other threads too, but
 // only through a block they were handed after the page got its owner, and it changes only once
 // every block is back, so each read happens after the write it sees: no atomics needed.
-struct Page {
+// A cache line each: neighbouring descriptors in a segment header often belong to different
+// threads, and every malloc and free writes its page's `free` and `used`.
+struct alignas(kCacheLineBytes) Page {
   Block* free = nullptr;        // owner: blocks ready to hand out
   // owner: blocks out of `free` (live or in the heap's remote list). A floating page (full,
   // in no queue) holds 1 instead of its count, which is then `reserved`: the next free brings
@@ -48,7 +50,7 @@ struct Page {
   Page* prev = nullptr;
 };
 // 64 bytes: the free fast path finds a descriptor with a shift and a mask.
-static_assert(sizeof(Page) == 64);
+static_assert(sizeof(Page) == 64 && kCacheLineBytes == 64);
 
 inline constexpr uint32_t kSegmentMagic = 0x54524159;  // "TRAY"
 

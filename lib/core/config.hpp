@@ -21,8 +21,11 @@ inline constexpr size_t kUnitsPerSegment = kSegmentBytes / kUnitBytes; // 64; un
 inline constexpr size_t kMaxSmallBytes = size_t{128} << 10;          // 128 KiB
 
 // A fresh page hands out its blocks a few at a time so a page that is barely used stays
-// mostly untouched (not resident): each extension carves at most this many bytes of blocks.
+// mostly untouched (not resident): each extension carves at most this many bytes of blocks...
 inline constexpr size_t kPageExtendBytes = 4096;
+// ...but at least this many: in classes of a KiB or more, carving one block per extension sent
+// every other allocation down the slow path.
+inline constexpr uint32_t kPageExtendMinBlocks = 4;
 
 // Largest user-visible address the chunk map covers (x86-64 and AArch64 with 48-bit VAs).
 inline constexpr unsigned kAddressBits = 47;
@@ -30,9 +33,10 @@ inline constexpr unsigned kAddressBits = 47;
 // Empty spans stay committed ("dirty") this long before they are given back with madvise...
 inline constexpr uint64_t kPurgeDelayMs = 200;
 // ...unless more dirty bytes than the larger of a floor and a share of the bytes in pages have
-// piled up, then the oldest go at once. Proportional, so that threads that come and go hand
-// their pages to the next ones instead of giving them to the OS and faulting them back in.
-inline constexpr size_t kDirtyFloorBytes = size_t{6} << 20;
+// piled up, then the oldest go at once. The floor is what a program may free and build again
+// within the delay without faulting it back in (threads that end and are replaced, a frame or
+// a request whose blocks all die together); the share keeps bigger heaps just as fast.
+inline constexpr size_t kDirtyFloorBytes = size_t{64} << 20;
 inline constexpr size_t kDirtyPercentOfInUse = 25;
 // Fully empty segments kept mapped (their units purged) to save a later mmap.
 inline constexpr size_t kSegmentCacheCount = 4;
@@ -53,7 +57,7 @@ inline constexpr size_t kHeapRetainedBytes = size_t{1} << 20;
 // big buffers all the time then reuses their pages instead of faulting in new ones)...
 inline constexpr size_t kLargeCacheCount = 64;
 inline constexpr size_t kLargeCacheFloorBytes = size_t{64} << 20;
-inline constexpr size_t kLargeCacheLivePercent = 50;
+inline constexpr size_t kLargeCacheLivePercent = 100;
 // ...each for at most this long.
 inline constexpr uint64_t kLargeCacheDelayMs = 1000;
 // A reused mapping keeps touched pages past the block's end only up to 1/kLargeCacheFitRatio
