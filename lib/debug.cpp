@@ -36,7 +36,9 @@ constexpr uint8_t kCanaryByte = TRAY_CANARY_BYTE;
 // Block states in a page's table; a live block's state is its requested size + 1.
 constexpr uint32_t kStateNever = 0;  // carved, never handed out
 constexpr uint32_t kStateFreed = UINT32_MAX;
-constexpr size_t kLinkBytes = sizeof(Block);  // the free-list link, once out of quarantine
+// A block out of quarantine holds its free-list link and, once handed out again, a cleared
+// free key (see free_key.hpp): the fill is checked past both words.
+constexpr size_t kLinkBytes = 2 * sizeof(uint64_t);
 constexpr size_t kNone = SIZE_MAX;
 
 std::atomic<LargeHeader*> g_retired_large[kDebugRetiredLargeCount];

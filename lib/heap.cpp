@@ -271,6 +271,7 @@ void process_setup() {
   static os::Mutex setup_lock;
   os::LockGuard guard(setup_lock);
   if (g_process_ready.load(std::memory_order_relaxed)) return;
+  free_key_randomize();
   if (os::thread_key_create(&g_exit_key, on_thread_exit) != 0)
     fatal("cannot create the thread-exit key (pthread_key_create failed)");
   os::register_atfork(fork_prepare, fork_release, fork_release_child);
@@ -295,6 +296,7 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
   }
   Block* block = page->free;
   page->free = block->next;
+  free_key_clear(block);
   ++page->used;
   count_allocation(heap, size_class, size);
   return block;
@@ -328,6 +330,7 @@ void heap_free_remote(Block* block) noexcept {
       return;
     }
   }
+  free_key_check_and_set(page, block);
   heap_count_free(tls_heap, page);
   heap_free_block(tls_heap, page, block);
 }

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "core/bits.hpp"
+#include "free_key.hpp"
 #include "size_classes.hpp"
 #include "types.hpp"
 
@@ -86,6 +87,7 @@ TRAY_INLINE void* heap_pop(Heap* heap, size_t size_class, size_t size) noexcept 
   Block* block = page->free;
   if (TRAY_LIKELY(block != nullptr)) {
     page->free = block->next;
+    free_key_clear(block);
     ++page->used;
     count_allocation(heap, size_class, size);
   }
@@ -112,6 +114,7 @@ TRAY_INLINE void* heap_alloc_small(size_t size) noexcept {
 TRAY_INLINE bool heap_free_own(Page* page, void* p) noexcept {
   Heap* heap = tls_heap;
   if (TRAY_LIKELY(page->heap == heap)) {
+    free_key_check_and_set(page, static_cast<Block*>(p));
     count_free(heap, page);
     page_free_local(heap, page, static_cast<Block*>(p));
     return true;

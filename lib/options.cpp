@@ -150,15 +150,13 @@ int64_t option(Option which) {
 
 const char* option_stats_file() { return option(Option::kStatsFile) > 0 ? g_stats_file : ""; }
 
-bool debug_mode() {
-  static std::atomic<int> latched{-1};
-  int value = latched.load(std::memory_order_relaxed);
-  if (TRAY_UNLIKELY(value < 0)) {
-    ensure_read();  // first: the options read from TRAY_OPTIONS must not find debug fixed
-    g_fixed[unsigned(Option::kDebug)].store(true, std::memory_order_release);
-    value = option(Option::kDebug) != 0 ? 1 : 0;
-    latched.store(value, std::memory_order_relaxed);
-  }
+constinit std::atomic<int> g_debug_latched{-1};
+
+bool debug_mode_decide() {
+  ensure_read();  // first: the options read from TRAY_OPTIONS must not find debug fixed
+  g_fixed[unsigned(Option::kDebug)].store(true, std::memory_order_release);
+  const int value = option(Option::kDebug) != 0 ? 1 : 0;
+  g_debug_latched.store(value, std::memory_order_relaxed);
   return value != 0;
 }
 

@@ -4,8 +4,11 @@
 // on stderr in one line and the previous value stays.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "core/bits.hpp"
 
 namespace tray {
 
@@ -28,7 +31,14 @@ int64_t option(Option which);
 const char* option_stats_file();
 
 // debug=1, as read at the allocator's first use: from then on tray_option_set cannot change it.
-bool debug_mode();
+// Inline, since every slow path asks: one load once decided.
+extern constinit std::atomic<int> g_debug_latched;  // -1 until decided, then 0 or 1
+bool debug_mode_decide();
+TRAY_INLINE bool debug_mode() {
+  const int value = g_debug_latched.load(std::memory_order_relaxed);
+  if (TRAY_LIKELY(value >= 0)) return value != 0;
+  return debug_mode_decide();
+}
 
 // tray_option_set: 0, EINVAL (unknown name or bad value; a warning is printed) or EBUSY (the
 // option is fixed at start and the allocator has already read it).

@@ -1,8 +1,8 @@
 // Size classes: the table of block sizes, computed at compile time.
 //
-// Spacing: one 8-byte class, then 16-byte steps to 128 B (every class from 16 B up is a
-// multiple of 16, so every block is 16-byte aligned), then four classes per doubling up to
-// kMaxSmallBytes. Four per doubling bounds the waste of a block to under 20% of it.
+// Spacing: 16-byte steps from 16 B to 128 B, then four classes per doubling up to
+// kMaxSmallBytes. Every class is a multiple of 16, so every block is 16-byte aligned, and every
+// block holds two words: the free-list link and the free key (double-free detection). Four per doubling bounds the waste of a block to under 20% of it.
 // Each class also fixes its page (slab) size: whole 64 KiB units, enough for at least
 // kMinBlocksPerPage blocks, with at most 1/8 of the page left over at its end.
 #pragma once
@@ -18,12 +18,12 @@ namespace tray {
 
 inline constexpr unsigned kFineStepBytes = 16;
 inline constexpr unsigned kFineLimitBytes = 128;  // last class of the 16-byte steps
-inline constexpr unsigned kFirstGeometricClass = 1 + kFineLimitBytes / kFineStepBytes;  // 9
+inline constexpr unsigned kFirstGeometricClass = kFineLimitBytes / kFineStepBytes;  // 8
 inline constexpr unsigned kClassesPerDoubling = 4;
 inline constexpr unsigned kGeometricDoublings =
     floor_log2(kMaxSmallBytes) - floor_log2(kFineLimitBytes);  // 128 B .. 128 KiB: 10
 inline constexpr unsigned kSizeClassCount =
-    kFirstGeometricClass + kGeometricDoublings * kClassesPerDoubling;  // 49
+    kFirstGeometricClass + kGeometricDoublings * kClassesPerDoubling;  // 48
 inline constexpr unsigned kMinBlocksPerPage = 8;
 // Sizes up to this are mapped to a class with one table load indexed by the size...
 inline constexpr size_t kLookupLimitBytes = 1024;
@@ -35,8 +35,7 @@ inline constexpr size_t kCoarseStepBytes = size_t{1} << kCoarseStepShift;
 namespace detail {
 
 constexpr size_t compute_class_size(unsigned c) {
-  if (c == 0) return 8;
-  if (c < kFirstGeometricClass) return size_t{c} * kFineStepBytes;
+  if (c < kFirstGeometricClass) return size_t{c + 1} * kFineStepBytes;
   const unsigned g = c - kFirstGeometricClass;
   const unsigned doubling = floor_log2(kFineLimitBytes) + g / kClassesPerDoubling;
   // Classes k = 0..3 of the doubling (2^d, 2^(d+1)] are (5 + k) * 2^(d-2).
@@ -52,8 +51,8 @@ constexpr unsigned compute_slab_units(size_t block) {
 
 // Class by arithmetic, for any size in 0..kMaxSmallBytes.
 constexpr unsigned compute_class_of(size_t size) {
-  if (size <= 8) return 0;
-  if (size <= kFineLimitBytes) return unsigned(div_ceil(size, kFineStepBytes));
+  if (size <= kFineStepBytes) return 0;
+  if (size <= kFineLimitBytes) return unsigned(div_ceil(size, kFineStepBytes)) - 1;
   const size_t s = size - 1;
   const unsigned d = floor_log2(s);
   return kFirstGeometricClass + (d - floor_log2(kFineLimitBytes)) * kClassesPerDoubling +
@@ -115,7 +114,7 @@ constexpr bool classes_are_sound() {
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     const size_t size = class_size(c);
     if (c > 0 && size <= class_size(c - 1)) return false;                  // strictly increasing
-    if (size >= 16 && size % 16 != 0) return false;                       // 16-byte alignment
+    if (size % 16 != 0) return false;                                     // 16-byte alignment
     if (compute_class_of(size) != c) return false;                        // a class maps to itself
     if (compute_class_of(size + 1) != c + 1 && c + 1 < kSizeClassCount) return false;
     if (class_blocks_per_page(c) < kMinBlocksPerPage) return false;

@@ -64,7 +64,7 @@ inline constexpr uint64_t kLargeCacheDelayMs = 1000;
 // of the block; the rest goes back to the OS.
 inline constexpr size_t kLargeCacheFitRatio = 2;
 
-// Every block from 16 bytes up is aligned to this (the 8-byte class only to 8); larger
+// Every block is aligned to this (the smallest class is 16 bytes); larger
 // alignments need a class whose size is a multiple of them, or a large block.
 inline constexpr size_t kNaturalAlignment = 16;
 

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -117,6 +118,19 @@ uint64_t now_ms() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+uint64_t random_u64() {
+  uint64_t value = 0;
+  if (getrandom(&value, sizeof value, GRND_NONBLOCK) == ssize_t(sizeof value)) return value;
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  value = uint64_t(ts.tv_nsec) ^ (uint64_t(ts.tv_sec) << 32) ^ reinterpret_cast<uintptr_t>(&ts);
+  value ^= uint64_t(getpid()) << 48;
+  // splitmix64's finaliser, so that close inputs give unrelated outputs
+  value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  value = (value ^ (value >> 27)) * 0x94D049BB133111EBULL;
+  return value ^ (value >> 31);
 }
 
 int process_id() { return int(getpid()); }

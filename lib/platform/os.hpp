@@ -40,6 +40,7 @@ bool remap_to(void* p, size_t old_bytes, size_t new_bytes, void* target);
 
 size_t page_size();
 uint64_t now_ms();  // monotonic, coarse: cheap enough for slow paths
+uint64_t random_u64();  // getrandom(2), or clock and addresses mixed where it is unavailable
 int process_id();
 int thread_id();      // gettid: async-signal-safe
 void yield_thread();  // sched_yield

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs one mode of misuse.c (a heap mistake) under libtraymalloc.so three ways:
 #   debug    TRAY_OPTIONS=debug=1: the exact report line, a backtrace, then SIGABRT (status 134);
-#   plain    no options: the mistake goes unnoticed, as README says of release builds;
+#   plain    no options: the mistake goes unnoticed, as README says of release builds, except a
+#            double free of a small block, which release builds stop too (unless built with
+#            TRAY_DOUBLE_FREE_CHECK=OFF; TRAY_RELEASE_DOUBLE_FREE_CHECK=0 says so);
 #   go-on    debug=1,debug_abort=0,stats=1: the report, the program finishes, and the
 #            statistics count the report under "debug errors".
 # Modes that only read memory report nothing: there the debug run shows the fill patterns. A
@@ -28,17 +30,20 @@ readonly ABORT_HINT='traymalloc: aborting (TRAY_OPTIONS=debug_abort=0 reports an
 
 # What each mode must show. report: the message after "traymalloc: " (an ERE, empty when the
 # mode reports nothing). debug_status/debug_stdout: the debug run. plain: "clean" (status 0,
-# silent), "glibc-rejects" (the pointer goes to glibc's free, which aborts), or "unchecked".
+# silent), "glibc-rejects" (the pointer goes to glibc's free, which aborts), "release-reports"
+# (the release library's double-free check: release_report, a backtrace, SIGABRT), or
+# "unchecked".
 # plain_stdout: a glob for the clean plain run. go_on_stdout: what the program prints when it
 # goes on past the report.
-report='' debug_status=$SIGABRT_STATUS debug_stdout='' plain=clean plain_stdout=finished
+report='' debug_status=$SIGABRT_STATUS debug_stdout='' plain=clean plain_stdout=finished release_report=''
 go_on_stdout=finished
 case $mode in
   write-after-free)
     # 64 requested bytes + the canary byte make an 80-byte block.
     report="write after free: block $ADDRESS \(size class 80 B\) modified at offset 24 \(found 0x00000000, expected 0x1deadb0b\)" ;;
   double-free-small)
-    report="double free of $ADDRESS \(size class 48 B\)" ;;
+    report="double free of $ADDRESS \(size class 48 B\)"
+    plain=release-reports release_report=$report ;;
   double-free-large)
     report="double free of $ADDRESS \(large block of 1048576 requested bytes\)" ;;
   overflow-small)
@@ -52,6 +57,8 @@ case $mode in
     report="free of invalid pointer $ADDRESS: not the start of a block \(8 bytes into block $ADDRESS of size class 48 B\)" ;;
   realloc-freed)
     report="realloc of freed block $ADDRESS \(size class 48 B\)"
+    # realloc frees the old block once it has copied it: a second free.
+    plain=release-reports release_report="double free of $ADDRESS \(size class 48 B\)"
     plain_stdout=$'realloc returned a block\nfinished'
     go_on_stdout=$'realloc returned NULL\nfinished' ;;
   read-fresh)
@@ -142,6 +149,14 @@ case $plain in
     grep -Fxq 'free(): invalid pointer' "$work/plain.err" ||
       { show plain >&2; fail plain "glibc did not reject the pointer"; }
     grep -q traymalloc "$work/plain.err" && { show plain >&2; fail plain "traymalloc wrote to stderr"; } ;;
+  release-reports)
+    run plain
+    if [[ ${TRAY_RELEASE_DOUBLE_FREE_CHECK:-1} == 1 ]]; then
+      expect_status plain "$SIGABRT_STATUS"
+      report=$release_report expect_report plain
+    else
+      expect_status plain 0
+    fi ;;
   unchecked) ;;
 esac
 
