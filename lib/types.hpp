@@ -84,7 +84,7 @@ struct PageQueue {
 
 // Blocks on their way to one owner heap: a list built by the freeing thread alone, sent to the
 // owner's remote_free stack in one compare-and-swap when it holds kRemoteBatchBlocks blocks,
-// when a block for another owner needs the bucket, or on the sender's next slow path.
+// when a block for another owner needs the bucket, or before the sender takes a new page.
 struct RemoteBucket {
   Heap* target = nullptr;
   Block* head = nullptr;

@@ -43,7 +43,7 @@ inline constexpr size_t kSegmentCacheCount = 4;
 
 // Frees into other threads' heaps are gathered in this many buckets per heap, a bucket per
 // owner (by hash), and sent in batches of up to kRemoteBatchBlocks blocks (a batch also goes
-// when another owner needs its bucket, and on the sender's next allocation slow path).
+// when another owner needs its bucket, and before the sender takes a page from the pool).
 inline constexpr unsigned kRemoteBucketShift = 3;
 inline constexpr unsigned kRemoteBuckets = 1u << kRemoteBucketShift;
 inline constexpr uint32_t kRemoteBatchBlocks = 64;
