@@ -294,12 +294,9 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
     errno = ENOMEM;
     return nullptr;
   }
-  Block* block = page->free;
-  page->free = block->next;
-  free_key_clear(block);
-  ++page->used;
-  count_allocation(heap, size_class, size);
-  return block;
+  // find_page leaves the page at the head of its queue, where the fast path pops from.
+  TRAY_ASSERT(heap->direct[size_class] == page && page->free != nullptr);
+  return heap_pop(heap, size_class, size);
 }
 
 void heap_page_event(Heap* heap, Page* page) noexcept {

@@ -237,4 +237,19 @@ inline int report(const char* name, unsigned threads, uint64_t ops, double secon
   return checks.passed() ? 0 : 1;
 }
 
+// A block from malloc, stamped with `tag`.
+inline StampedBlock allocate_stamped(size_t bytes, uint64_t tag) {
+  StampedBlock block{std::malloc(bytes), bytes, tag};
+  stamp(block.ptr, block.bytes, tag);
+  return block;
+}
+
+// Checks a held block's stamp (`what` names the check), frees it and empties the slot.
+inline void free_stamped(StampedBlock& block, CheckCounter& checks, const char* what) {
+  if (block.ptr == nullptr) return;
+  checks.expect(stamp_intact(block.ptr, block.bytes, block.tag), what);
+  std::free(block.ptr);
+  block.ptr = nullptr;
+}
+
 }  // namespace workload

@@ -24,11 +24,7 @@ constexpr size_t kMinBytes = 16;
 constexpr size_t kMaxBytes = 1024;
 constexpr unsigned kRounds = 20;
 
-struct Slot {
-  void* block = nullptr;
-  size_t bytes = 0;
-  uint64_t tag = 0;
-};
+using Slot = workload::StampedBlock;
 
 struct Shared {
   std::vector<std::vector<Slot>> arrays;
@@ -37,15 +33,11 @@ struct Shared {
 };
 
 void fill_slot(Slot& slot, workload::Rng& rng, uint64_t tag) {
-  slot.bytes = rng.between(kMinBytes, kMaxBytes);
-  slot.block = std::malloc(slot.bytes);
-  slot.tag = tag;
-  workload::stamp(slot.block, slot.bytes, tag);
+  slot = workload::allocate_stamped(rng.between(kMinBytes, kMaxBytes), tag);
 }
 
 void release_slot(Slot& slot, workload::CheckCounter& checks) {
-  checks.expect(workload::stamp_intact(slot.block, slot.bytes, slot.tag), "larson block stamp");
-  std::free(slot.block);
+  workload::free_stamped(slot, checks, "larson block stamp");
 }
 
 void serve(Shared& shared, std::barrier<>& round_end, unsigned thread) {

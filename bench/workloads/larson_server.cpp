@@ -37,11 +37,7 @@ constexpr size_t kMaxBytes = 1000;
 constexpr uint64_t kStepsPerLife = 100 * kSlotsPerThread;
 constexpr uint64_t kTotalSteps = 16'000'000;
 
-struct Slot {
-  void* block = nullptr;
-  size_t bytes = 0;
-  uint64_t tag = 0;
-};
+using Slot = workload::StampedBlock;
 
 // One chain of threads sharing a slot array, one thread alive at a time.
 struct Lineage {
@@ -63,16 +59,11 @@ struct Shared {
 };
 
 void fill_slot(Slot& slot, workload::Rng& rng, uint64_t tag) {
-  slot.bytes = rng.between(kMinBytes, kMaxBytes);
-  slot.block = std::malloc(slot.bytes);
-  slot.tag = tag;
-  workload::stamp(slot.block, slot.bytes, tag);
+  slot = workload::allocate_stamped(rng.between(kMinBytes, kMaxBytes), tag);
 }
 
 void release_slot(Slot& slot, workload::CheckCounter& checks) {
-  checks.expect(workload::stamp_intact(slot.block, slot.bytes, slot.tag),
-                "larson_server block stamp");
-  std::free(slot.block);
+  workload::free_stamped(slot, checks, "larson_server block stamp");
 }
 
 // One thread's life: its steps, then the start of its successor (if the lineage has steps left).

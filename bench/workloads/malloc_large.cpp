@@ -23,13 +23,7 @@ constexpr size_t kMaxBytes = size_t{25} << 20;
 constexpr uint64_t kSteps = 500;
 
 using Block = workload::StampedBlock;
-
-void release(Block& slot, workload::CheckCounter& checks) {
-  if (slot.ptr == nullptr) return;
-  checks.expect(workload::stamp_intact(slot.ptr, slot.bytes, slot.tag), "malloc_large stamp");
-  std::free(slot.ptr);
-  slot.ptr = nullptr;
-}
+constexpr char kStampCheck[] = "malloc_large stamp";
 
 }  // namespace
 
@@ -42,16 +36,13 @@ int main(int argc, char** argv) {
   std::array<Block, kSlots> slots{};
   const workload::Stopwatch stopwatch;
   for (uint64_t step = 1; step <= steps; ++step) {
-    Block fresh;
-    fresh.bytes = rng.between(kMinBytes, kMaxBytes);
-    fresh.ptr = std::malloc(fresh.bytes);
-    fresh.tag = workload::block_tag(0, step);
-    workload::stamp(fresh.ptr, fresh.bytes, fresh.tag);
+    const Block fresh =
+        workload::allocate_stamped(rng.between(kMinBytes, kMaxBytes), workload::block_tag(0, step));
     Block& slot = slots[rng.below(kSlots)];
-    release(slot, checks);
+    workload::free_stamped(slot, checks, kStampCheck);
     slot = fresh;
   }
-  for (Block& slot : slots) release(slot, checks);
+  for (Block& slot : slots) workload::free_stamped(slot, checks, kStampCheck);
   const double seconds = stopwatch.seconds();
 
   return workload::report("malloc_large", 1, steps, seconds, checks);

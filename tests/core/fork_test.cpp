@@ -145,20 +145,20 @@ int child_main(const BlockSet& parent_blocks) {
   return allocate_fresh_pages();
 }
 
-// Forks while the parent holds blocks of every class: the child runs child_main on its copy of
-// them, and the parent checks how the child ended and that its own blocks are intact (the
-// child's frees touched its own copy only).
-void fork_and_check(int fork_index) {
+// Forks while the parent holds blocks of every class: the child runs `child` (child_main unless
+// a test needs more) on its copy of them, and the parent checks how the child ended and that
+// its own blocks are intact (the child's frees touched its own copy only).
+void fork_and_check(int fork_index, int (*child)(const BlockSet&) = child_main) {
   BlockSet parent_blocks;
   ASSERT_TRUE(allocate_across_classes(parent_blocks));
-  const pid_t child = ::fork();
-  ASSERT_NE(child, -1);
-  if (child == 0) {
+  const pid_t pid = ::fork();
+  ASSERT_NE(pid, -1);
+  if (pid == 0) {
     ::alarm(kChildWatchdogSeconds);
-    ::_exit(child_main(parent_blocks));
+    ::_exit(child(parent_blocks));
   }
   int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(ended_well(status)) << "fork " << fork_index << ": child " << describe_end(status);
   EXPECT_TRUE(check_and_free(parent_blocks)) << "fork " << fork_index;
 }
@@ -180,24 +180,17 @@ TEST(Fork, ChildOfAMultiThreadedParentAllocatesAndFrees) {
 
 // After a fork the child is single-threaded again and may start threads of its own; their
 // heaps must work, and blocks must still move between them.
+int child_runs_a_thread(const BlockSet& parent_blocks) {
+  BlockSet thread_blocks;
+  bool allocated = false;
+  std::thread([&] { allocated = allocate_across_classes(thread_blocks); }).join();
+  if (!allocated) return kChildAllocationFailed;
+  if (!check_and_free(thread_blocks)) return kChildBlockCorrupt;
+  return child_main(parent_blocks);
+}
+
 TEST(Fork, ChildOfASingleThreadedParentRunsThreads) {
-  BlockSet parent_blocks;
-  ASSERT_TRUE(allocate_across_classes(parent_blocks));
-  const pid_t child = ::fork();
-  ASSERT_NE(child, -1);
-  if (child == 0) {
-    ::alarm(kChildWatchdogSeconds);
-    BlockSet thread_blocks;
-    bool allocated = false;
-    std::thread([&] { allocated = allocate_across_classes(thread_blocks); }).join();
-    if (!allocated) ::_exit(kChildAllocationFailed);
-    if (!check_and_free(thread_blocks)) ::_exit(kChildBlockCorrupt);
-    ::_exit(child_main(parent_blocks));
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(ended_well(status)) << "child " << describe_end(status);
-  EXPECT_TRUE(check_and_free(parent_blocks));
+  ASSERT_NO_FATAL_FAILURE(fork_and_check(0, child_runs_a_thread));
 }
 
 // fork while another thread is sending blocks home: the fork may land with a batch half
