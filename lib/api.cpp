@@ -8,6 +8,7 @@
 #include "large.hpp"
 #include "options.hpp"
 #include "report.hpp"
+#include "sample.hpp"
 #include "size_classes.hpp"
 #include "stats.hpp"
 #include "traymalloc.h"
@@ -40,7 +41,11 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
     if (zero && p != nullptr) std::memset(p, 0, size);
     return p;
   }
-  void* p = large_alloc(size, alignment > kNaturalAlignment ? alignment : kNaturalAlignment, zero);
+  if (alignment < kNaturalAlignment) alignment = kNaturalAlignment;
+  if (Heap* heap = tls_own_heap; heap != nullptr) {
+    if (void* sampled = sample_large(heap, size, alignment, zero); sampled != nullptr) return sampled;
+  }
+  void* p = large_alloc(size, alignment, zero);
   return p != nullptr ? p : out_of_memory();
 }
 
@@ -209,7 +214,10 @@ TRAY_EXPORT int tray_trim(void) { return trim_all() ? 1 : 0; }
 TRAY_EXPORT int tray_option_set(const char* name, const char* value) {
   const int result = option_set(name, value);
   if (result == 0 && option(Option::kDebug) != 0) debug_prepare();
-  if (result == 0) report_options_changed();
+  if (result == 0) {
+    report_options_changed();
+    sample_options_changed();
+  }
   return result;
 }
 

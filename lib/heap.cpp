@@ -9,6 +9,7 @@
 #include "options.hpp"
 #include "page.hpp"
 #include "platform/os.hpp"
+#include "sample.hpp"
 #include "segment.hpp"
 #include "stats.hpp"
 
@@ -288,6 +289,7 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
       return nullptr;
     }
   }
+  if (void* sampled = sample_small_slow(heap, size_class, size); sampled != nullptr) return sampled;
   if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) drain_remote(heap);
   Page* page = find_page(heap, size_class);
   if (page == nullptr) {
@@ -296,7 +298,7 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
   }
   // find_page leaves the page at the head of its queue, where the fast path pops from.
   TRAY_ASSERT(heap->direct[size_class] == page && page->free != nullptr);
-  return heap_pop(heap, size_class, size);
+  return page_pop(heap, page, size_class, size);
 }
 
 void heap_page_event(Heap* heap, Page* page) noexcept {

@@ -80,18 +80,23 @@ TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept 
   if (TRAY_UNLIKELY(--page->used == 0)) heap_page_event(heap, page);
 }
 
+TRAY_INLINE void* page_pop(Heap* heap, Page* page, size_t size_class, size_t size) noexcept {
+  Block* block = page->free;
+  page->free = block->next;
+  free_key_clear(block);
+  ++page->used;
+  count_allocation(heap, size_class, size);
+  return block;
+}
+
 // Pops a block of class size_class from the heap's current page; nullptr when that page has
-// none ready (or the heap is &g_empty_heap), which the caller's slow path sorts out.
+// none ready (or the heap is &g_empty_heap), or when this request is the one to sample (the
+// sample countdown runs out): the caller's slow path sorts both out.
 TRAY_INLINE void* heap_pop(Heap* heap, size_t size_class, size_t size) noexcept {
   Page* page = heap->direct[size_class];
-  Block* block = page->free;
-  if (TRAY_LIKELY(block != nullptr)) {
-    page->free = block->next;
-    free_key_clear(block);
-    ++page->used;
-    count_allocation(heap, size_class, size);
-  }
-  return block;
+  if (TRAY_UNLIKELY(page->free == nullptr)) return nullptr;
+  if (TRAY_UNLIKELY((heap->sample_countdown -= int64_t(size)) < 0)) return nullptr;
+  return page_pop(heap, page, size_class, size);
 }
 
 // A block of class size_class from `heap`, for a request of `size` bytes; nullptr when out of

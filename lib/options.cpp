@@ -17,7 +17,7 @@ namespace tray {
 
 namespace {
 
-enum class Kind { kFlag, kChoice, kSignal, kPath };
+enum class Kind { kFlag, kChoice, kSignal, kPath, kBytes };
 
 struct OptionSpec {
   const char* name;
@@ -34,6 +34,9 @@ constexpr OptionSpec kSpecs[] = {
     {"stats_signal", Kind::kSignal, 0, {}, false},
     {"debug", Kind::kFlag, 0, {}, true},
     {"debug_abort", Kind::kFlag, 1, {}, false},
+    {"prof", Kind::kFlag, 0, {}, false},
+    {"prof_sample", Kind::kBytes, int64_t{512} << 10, {}, false},
+    {"guard_sample", Kind::kBytes, 0, {}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 
@@ -60,6 +63,29 @@ bool equal(const char* text, size_t length, const char* word) {
   return word[i] == '\0';
 }
 
+// A count of bytes with an optional binary suffix (k, m, g: 512k is 524288); -1 if malformed
+// or beyond 2^48.
+int64_t parse_bytes(const char* text, size_t length) {
+  if (length == 0) return -1;
+  unsigned shift = 0;
+  switch (text[length - 1] | 0x20) {
+    case 'k': shift = 10; break;
+    case 'm': shift = 20; break;
+    case 'g': shift = 30; break;
+    default: break;
+  }
+  if (shift != 0 && --length == 0) return -1;
+  constexpr int64_t kLimit = int64_t{1} << 48;
+  int64_t value = 0;
+  for (size_t i = 0; i < length; ++i) {
+    if (text[i] < '0' || text[i] > '9') return -1;
+    value = value * 10 + (text[i] - '0');
+    if (value > kLimit) return -1;
+  }
+  value <<= shift;
+  return value <= kLimit ? value : -1;
+}
+
 // The value for `spec` spelled by text[0, length), or -1 if it is not one.
 int64_t parse_value(const OptionSpec& spec, const char* text, size_t length) {
   switch (spec.kind) {
@@ -76,6 +102,8 @@ int64_t parse_value(const OptionSpec& spec, const char* text, size_t length) {
       return os::signal_number(text, length) != 0 ? os::signal_number(text, length) : -1;
     case Kind::kPath:
       return length < kPathBytes ? int64_t(length) : -1;
+    case Kind::kBytes:
+      return parse_bytes(text, length);
   }
   return -1;
 }

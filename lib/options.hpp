@@ -19,6 +19,9 @@ enum class Option : unsigned {
   kStatsSignal,  // signal number that triggers a dump; 0 for none
   kDebug,        // 1: debug mode (fills, checks); fixed once the allocator has started
   kDebugAbort,   // 1: a debug error aborts the process; 0: report, count and go on
+  kProf,         // 1: sample allocations for heap profiles (see sample.hpp)
+  kProfSample,   // mean bytes allocated between two profiled allocations
+  kGuardSample,  // mean bytes allocated between two guarded allocations; 0 for none
   kCount,
 };
 

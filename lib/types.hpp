@@ -25,6 +25,18 @@ struct Block {
 struct Heap;
 struct Quarantine;
 
+// The samplers that pick allocations out of the byte stream (see sample.hpp), as bits.
+enum Sampler : unsigned { kSamplerProf = 1u << 0, kSamplerGuard = 1u << 1 };
+inline constexpr unsigned kSamplerCount = 2;
+
+// A heap's sampling state beside its countdown (owner thread only).
+struct SampleState {
+  int64_t armed = 0;               // the countdown's value when it was last armed
+  int64_t left[kSamplerCount]{};   // per sampler: bytes to go when it was armed; <0: off
+  uint64_t rng = 0;                // xorshift state for the exponential draws
+  uint32_t generation = 0;         // sample options generation the heap was armed for
+};
+
 // A page descriptor. It lives in its segment's header, not in the page, so the blocks are
 // all the page holds. Owner-thread fields are plain. `heap` is read by other threads too, but
 // only through a block they were handed after the page got its owner, and it changes only once
@@ -98,6 +110,10 @@ struct Heap {
   }
 
   Page* direct[kSizeClassCount];
+  // Bytes the thread may still allocate before the next sampled allocation: every small
+  // allocation subtracts its size, and the one that takes it below zero goes to the slow path
+  // (sample.hpp). INT64_MAX while no sampler is on, which no program allocates.
+  int64_t sample_countdown = INT64_MAX;
   PageQueue queues[kSizeClassCount];
   Heap* next_abandoned = nullptr;    // parked without a thread (heaps lock)
   uint64_t parked_ms = 0;            // when it was parked (heaps lock)
@@ -108,6 +124,7 @@ struct Heap {
   // several owners, interleaved, still cost one compare-and-swap per batch (see RemoteBucket).
   RemoteBucket outgoing[kRemoteBuckets];
   HeapCounters counters;
+  SampleState sampling;
   // Blocks of this heap's pages freed by other threads: a lock-free stack that the owner
   // takes whole. On its own cache line so remote frees do not slow the owner's fields.
   alignas(kCacheLineBytes) std::atomic<Block*> remote_free{nullptr};

@@ -1,0 +1,65 @@
+// Sampled allocations: heap profiling (prof=1) and guarded allocations (guard_sample=BYTES)
+// each want about one allocation per so many bytes allocated, chosen at random so that every
+// byte has the same chance and estimates scaled by the mean are unbiased. One countdown per
+// heap serves both: the fast path subtracts each small request's size from it (a subtract
+// and a branch), and the allocation that takes it below zero goes to the slow path, which
+// asks sample_take which samplers' intervals ended there. Large requests are counted on
+// their own (slow) path. Intervals are exponential with the sampler's mean, drawn per thread.
+//
+// A thread picks up changed sampling options on its next slow path.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/bits.hpp"
+#include "types.hpp"
+
+namespace tray {
+
+// Options changed (tray_option_set): every heap re-arms on its next slow path.
+void sample_options_changed();
+// Re-arms the heap if the sampling options changed since it was armed.
+void sample_refresh(Heap* heap);
+
+// The heap's countdown has run out (it already counts the allocation at hand): the set of
+// samplers whose interval ended, with their next intervals drawn and the countdown re-armed.
+unsigned sample_take(Heap* heap);
+
+// A block of `size` bytes aligned to `alignment` (zeroed if `zero`) from the samplers in
+// `fired`, or nullptr when none of them takes this allocation: the caller then allocates as
+// usual. Every sampler that fired sees the allocation, whoever places it.
+void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero);
+
+// The alignment a block of class c has by construction (blocks lie at multiples of the class
+// size from a unit boundary), which a sampled block standing in for it must match.
+size_t sample_class_alignment(unsigned size_class);
+
+extern constinit std::atomic<uint32_t> g_sample_generation;
+
+TRAY_INLINE void* sample_after_countdown(Heap* heap, size_t size, size_t alignment, bool zero) {
+  const unsigned fired = sample_take(heap);
+  return fired != 0 ? sample_alloc(fired, size, alignment, zero) : nullptr;
+}
+
+// The small-allocation slow path, before it allocates: either the fast path found the
+// countdown run out (it is below zero, and counts this request already) or the class had no
+// block ready (the request is not counted yet). A sampled block, or nullptr.
+TRAY_INLINE void* sample_small_slow(Heap* heap, unsigned size_class, size_t size) {
+  if (TRAY_UNLIKELY(heap->sampling.generation !=
+                    g_sample_generation.load(std::memory_order_relaxed)))
+    sample_refresh(heap);
+  if (TRAY_LIKELY(heap->sample_countdown >= 0) &&
+      TRAY_LIKELY((heap->sample_countdown -= int64_t(size)) >= 0))
+    return nullptr;
+  return sample_after_countdown(heap, size, sample_class_alignment(size_class), false);
+}
+
+// A request served away from the small-block pools (large or over-aligned blocks).
+TRAY_INLINE void* sample_large(Heap* heap, size_t size, size_t alignment, bool zero) {
+  if (TRAY_LIKELY((heap->sample_countdown -= int64_t(size)) >= 0)) return nullptr;
+  return sample_after_countdown(heap, size, alignment, zero);
+}
+
+}  // namespace tray
