@@ -253,7 +253,9 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   // The header sits at the mapping's start; the block starts at the first suitably aligned
   // address after it (for alignments of a segment or more, the mapping itself is aligned so).
   const size_t offset = alignment <= kLargeHeaderBytes ? kLargeHeaderBytes : alignment;
-  const size_t used_bytes = align_up(offset + size, os::page_size());
+  // At least one byte: a block of size 0 aligned to the whole reservation would otherwise
+  // start at its end, in the next chunk, which the allocator does not own.
+  const size_t used_bytes = align_up(offset + std::max<size_t>(size, 1), os::page_size());
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
   LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(used_bytes) : nullptr;
   if (header != nullptr && header->reserve_bytes < used_bytes) {
