@@ -38,6 +38,14 @@ void set_dirty_bytes(LargeHeader* header, size_t bytes) {
   header->dirty_bytes = bytes;
 }
 
+// Gives back the touched pages past `keep_bytes`. If the kernel refuses, they stay counted as
+// touched: a later calloc must not take them for zero.
+void purge_tail(LargeHeader* header, size_t keep_bytes) {
+  if (!os::purge(base_of(header) + keep_bytes, header->dirty_bytes - keep_bytes)) return;
+  count_add(g_totals.bytes_purged, header->dirty_bytes - keep_bytes);
+  set_dirty_bytes(header, keep_bytes);
+}
+
 void unmap_mapping(LargeHeader* header) {
   const size_t bytes = header->reserve_bytes;
   const size_t resident = header->dirty_bytes;
@@ -220,11 +228,14 @@ LargeHeader* grow_reservation(LargeHeader* header, size_t new_reserve, size_t al
   } else {
     void* target = os::reserve_aligned(new_reserve, std::max(alignment, kSegmentBytes));
     if (target == nullptr) return nullptr;
+    // Cleared before the move: once the old range is free, another thread may map it and
+    // mark it in the chunk map, and a clear after the move would unmark that thread's block.
+    chunk_map_clear(header, old_reserve);
     if (!os::remap_to(header, old_reserve, new_reserve, target)) {
+      chunk_map_set(header, old_reserve, true);
       os::unmap(target, new_reserve);
       return nullptr;
     }
-    chunk_map_clear(header, old_reserve);
     header = static_cast<LargeHeader*>(target);
     chunk_map_set(header, new_reserve, true);
   }
@@ -242,7 +253,9 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   // The header sits at the mapping's start; the block starts at the first suitably aligned
   // address after it (for alignments of a segment or more, the mapping itself is aligned so).
   const size_t offset = alignment <= kLargeHeaderBytes ? kLargeHeaderBytes : alignment;
-  const size_t used_bytes = align_up(offset + size, os::page_size());
+  // At least one byte: a block of size 0 aligned to the whole reservation would otherwise
+  // start at its end, in the next chunk, which the allocator does not own.
+  const size_t used_bytes = align_up(offset + std::max<size_t>(size, 1), os::page_size());
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
   LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(used_bytes) : nullptr;
   if (header != nullptr && header->reserve_bytes < used_bytes) {
@@ -252,11 +265,8 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   }
   if (header != nullptr) {
     // Reused: only what it touched before can hold old data; the rest still reads as zero.
-    if (header->dirty_bytes > used_bytes + used_bytes / kLargeCacheFitRatio) {
-      os::purge(base_of(header) + used_bytes, header->dirty_bytes - used_bytes);
-      count_add(g_totals.bytes_purged, header->dirty_bytes - used_bytes);
-      set_dirty_bytes(header, used_bytes);
-    }
+    if (header->dirty_bytes > used_bytes + used_bytes / kLargeCacheFitRatio)
+      purge_tail(header, used_bytes);
     if (zero && header->dirty_bytes > offset)
       std::memset(base_of(header) + offset, 0, std::min(size, header->dirty_bytes - offset));
     set_dirty_bytes(header, std::max(header->dirty_bytes, used_bytes));
@@ -322,11 +332,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
   if (new_used <= old_reserve) {
     // Inside the reservation: no system call to grow. A tail that shrinking leaves behind goes
     // back to the OS when it is most of the block.
-    if (new_used <= old_used / 2) {
-      os::purge(base_of(header) + new_used, header->dirty_bytes - new_used);
-      count_add(g_totals.bytes_purged, header->dirty_bytes - new_used);
-      set_dirty_bytes(header, new_used);
-    }
+    if (new_used <= old_used / 2) purge_tail(header, new_used);
   } else {
     header = grow_reservation(header, align_up(new_used, kSegmentBytes), header->alignment);
     if (header == nullptr) return nullptr;

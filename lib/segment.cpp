@@ -77,18 +77,20 @@ void segment_unmap(Segment* s) {
   count_sub(g_totals.bytes_decommitted, kSegmentBytes - kUnitBytes);
 }
 
+// Units the kernel would not purge stay dirty, for a later purge to try again.
 void purge_dirty_units(Segment* s) {
   uint64_t dirty = s->dirty_units;
   while (dirty != 0) {
     const unsigned first = unsigned(std::countr_zero(dirty));
     const unsigned count = unsigned(std::countr_one(dirty >> first));
-    os::purge(reinterpret_cast<char*>(s) + first * kUnitBytes, count * kUnitBytes);
-    dirty &= ~run_mask(first, count);
+    const uint64_t run = run_mask(first, count);
+    dirty &= ~run;
+    if (!os::purge(reinterpret_cast<char*>(s) + first * kUnitBytes, count * kUnitBytes)) continue;
+    s->dirty_units &= ~run;
     g_dirty_bytes -= count * kUnitBytes;
     count_add(g_totals.bytes_purged, count * kUnitBytes);
     count_add(g_totals.bytes_decommitted, count * kUnitBytes);
   }
-  s->dirty_units = 0;
 }
 
 // An empty segment whose memory is already back with the OS is cached or unmapped.

@@ -30,8 +30,31 @@ namespace {
 
 void count_call(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
 
+// Relaxed throughout: a test arms the plan before the workload it sweeps, and reads the
+// counts after joining it.
+struct FaultPlan {
+  std::atomic<unsigned> kinds{0};
+  std::atomic<uint64_t> first{0};
+  std::atomic<uint64_t> last{0};
+  std::atomic<uint64_t> counted{0};
+  std::atomic<uint64_t> injected{0};
+};
+constinit FaultPlan g_faults;
+
+bool inject_fault(unsigned kind) {
+  if (TRAY_LIKELY((g_faults.kinds.load(std::memory_order_relaxed) & kind) == 0)) return false;
+  const uint64_t n = g_faults.counted.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (n < g_faults.first.load(std::memory_order_relaxed) ||
+      n > g_faults.last.load(std::memory_order_relaxed))
+    return false;
+  g_faults.injected.fetch_add(1, std::memory_order_relaxed);
+  errno = ENOMEM;
+  return true;
+}
+
 void* map_with(size_t bytes, int prot) {
   count_call(g_calls.mmap);
+  if (inject_fault(kFaultMmap)) return nullptr;
   void* p = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
@@ -77,13 +100,14 @@ void unmap(void* p, size_t bytes) {
   errno = saved;
 }
 
-void purge(void* p, size_t bytes) {
+bool purge(void* p, size_t bytes) {
   // MADV_DONTNEED rather than MADV_FREE: the resident size drops at once, which is what
   // people watching RSS (and our tests) expect; reuse then faults in zero pages.
   const int saved = errno;
   count_call(g_calls.madvise);
-  madvise(p, bytes, MADV_DONTNEED);
+  const bool purged = !inject_fault(kFaultMadvise) && madvise(p, bytes, MADV_DONTNEED) == 0;
   errno = saved;
+  return purged;
 }
 
 void protect_none(void* p, size_t bytes) {
@@ -96,13 +120,28 @@ void protect_none(void* p, size_t bytes) {
 
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes) {
   count_call(g_calls.mremap);
+  if (inject_fault(kFaultMremap)) return false;
   return mremap(p, old_bytes, new_bytes, 0) != MAP_FAILED;
 }
 
 bool remap_to(void* p, size_t old_bytes, size_t new_bytes, void* target) {
   count_call(g_calls.mremap);
+  if (inject_fault(kFaultMremap)) return false;
   return mremap(p, old_bytes, new_bytes, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED;
 }
+
+void inject_faults(unsigned kinds, uint64_t first, uint64_t count) {
+  g_faults.kinds.store(0, std::memory_order_relaxed);
+  g_faults.counted.store(0, std::memory_order_relaxed);
+  g_faults.injected.store(0, std::memory_order_relaxed);
+  g_faults.first.store(first, std::memory_order_relaxed);
+  g_faults.last.store(first + count - 1, std::memory_order_relaxed);
+  if (count != 0) g_faults.kinds.store(kinds, std::memory_order_relaxed);
+}
+
+uint64_t fault_calls_counted() { return g_faults.counted.load(std::memory_order_relaxed); }
+
+uint64_t faults_injected() { return g_faults.injected.load(std::memory_order_relaxed); }
 
 size_t page_size() {
   static std::atomic<size_t> cached{0};  // threads may race to fill it, with the same value

@@ -30,13 +30,23 @@ void* map_aligned(size_t bytes, size_t alignment);
 void* reserve_aligned(size_t bytes, size_t alignment);
 void unmap(void* p, size_t bytes);
 // Gives the pages back to the OS; the range stays mapped and reads as zero afterwards.
-void purge(void* p, size_t bytes);
+// false if the kernel refused: the pages then keep what they held.
+bool purge(void* p, size_t bytes);
 // Makes the range inaccessible (any touch faults) and gives its pages back to the OS.
 void protect_none(void* p, size_t bytes);
 // Grows or shrinks a mapping without moving it; false if the neighbours are in the way.
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes);
 // Moves a mapping onto `target` (a reservation of at least new_bytes), without copying.
 bool remap_to(void* p, size_t old_bytes, size_t new_bytes, void* target);
+
+// Fault injection, for tests of the out-of-memory paths: from this call on, the calls of the
+// kinds in `kinds` are counted, and the `first`-th to the (first + count - 1)-th of them (from
+// 1) fail as if the kernel had refused them with ENOMEM. count 0 disarms. A relaxed load on
+// each of these system calls when disarmed; the allocation fast paths never reach them.
+enum FaultKind : unsigned { kFaultMmap = 1, kFaultMremap = 2, kFaultMadvise = 4 };
+void inject_faults(unsigned kinds, uint64_t first, uint64_t count);
+uint64_t fault_calls_counted();  // calls of the armed kinds since inject_faults
+uint64_t faults_injected();      // of which failed
 
 size_t page_size();
 uint64_t now_ms();  // monotonic, coarse: cheap enough for slow paths
