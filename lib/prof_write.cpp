@@ -110,7 +110,7 @@ int dump(const char* path, bool peak) {
     path = expanded;
   }
   const int fd = os::open_truncate(path);
-  if (fd < 0) return errno != 0 ? errno : EIO;
+  if (fd < 0) return -fd;
   write_profile(fd, peak);
   os::close_fd(fd);
   return 0;

@@ -313,7 +313,8 @@ void copy_file_to_fd(const char* path, int fd) {
 
 int open_truncate(const char* path) {
   const int saved = errno;
-  const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fd = -errno;
   errno = saved;
   return fd;
 }

@@ -81,7 +81,7 @@ int capture_stack(void** frames, int capacity);
 const char* symbol_of(const void* address, uintptr_t* offset, const char** file);
 // Copies a file (such as /proc/self/maps) to fd with open/read/write: async-signal-safe.
 void copy_file_to_fd(const char* path, int fd);
-// Creates or truncates `path` for writing (0644, close-on-exec); -1 on failure.
+// Creates or truncates `path` for writing (0644, close-on-exec); -errno on failure.
 int open_truncate(const char* path);
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*));
