@@ -56,6 +56,17 @@ TRAY_EXPORT int tray_owns(const void* ptr);
 /* Gives every free page this process holds back to the OS now; returns 1 if any was. */
 TRAY_EXPORT int tray_trim(void);
 
+/* Heap profiling (TRAY_OPTIONS=prof=1): writes the sampled allocations still live as a heap
+ * profile in gperftools' text format (read by google-pprof, jeprof and tools/tray-prof) to
+ * path, created or truncated; with path NULL, where the prof_file option says (stderr if
+ * unset). Returns 0, or the errno of the failed open. Never allocates: a signal handler may
+ * call it. With prof=0 the profile is empty. */
+TRAY_EXPORT int tray_prof_dump(const char* path);
+/* The same for the peak profile (prof_peak=1): the live sampled allocations at the moment
+ * their estimated bytes were highest (within 2%); with path NULL, prof_file with ".peak"
+ * appended. */
+TRAY_EXPORT int tray_prof_dump_peak(const char* path);
+
 /* Largest alignment the aligned functions accept (bytes). */
 #define TRAY_MAX_ALIGNMENT ((size_t)1 << 29)
 

@@ -7,6 +7,7 @@
 #include "debug.hpp"
 #include "large.hpp"
 #include "options.hpp"
+#include "prof.hpp"
 #include "report.hpp"
 #include "sample.hpp"
 #include "size_classes.hpp"
@@ -62,8 +63,10 @@ void free_slow(void* p) noexcept {
     return;
   }
   LargeHeader* header = large_mapping_of(p, kind);
-  if (header != nullptr && header->user == p) large_free(header);
-  else count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
+  if (header != nullptr && header->user == p) {
+    if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
+    large_free(header);
+  } else count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
 }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {
@@ -116,8 +119,9 @@ void* reallocate(void* p, size_t size) noexcept {
     old_usable = large_usable_size(header);
     // Large stays large (resized in place or moved by the kernel) unless it shrinks into the
     // small classes for good. The kernel cannot move a range that spans two of its mappings
-    // (the large cache joins neighbours): then the block is copied like a small one.
-    if (size > kMaxSmallBytes || size >= old_usable / 2) {
+    // (the large cache joins neighbours): then the block is copied like a small one. So is a
+    // block in the heap profile, whose new size is a new allocation to sample.
+    if ((size > kMaxSmallBytes || size >= old_usable / 2) && header->prof_sampled == 0) {
       if (void* moved = large_resize(header, size); moved != nullptr) return moved;
     }
   }
@@ -217,6 +221,7 @@ TRAY_EXPORT int tray_option_set(const char* name, const char* value) {
   if (result == 0) {
     report_options_changed();
     sample_options_changed();
+    prof_options_changed();
   }
   return result;
 }

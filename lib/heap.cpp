@@ -9,6 +9,7 @@
 #include "options.hpp"
 #include "page.hpp"
 #include "platform/os.hpp"
+#include "prof.hpp"
 #include "sample.hpp"
 #include "segment.hpp"
 #include "stats.hpp"
@@ -290,6 +291,10 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
     }
   }
   if (void* sampled = sample_small_slow(heap, size_class, size); sampled != nullptr) return sampled;
+  return heap_refill_pop(heap, size_class, size);
+}
+
+void* heap_refill_pop(Heap* heap, unsigned size_class, size_t size) noexcept {
   if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) drain_remote(heap);
   Page* page = find_page(heap, size_class);
   if (page == nullptr) {
@@ -331,6 +336,8 @@ void heap_free_remote(Block* block) noexcept {
   }
   free_key_check_and_set(page, block);
   heap_count_free(tls_heap, page);
+  // Before the block can reach the profile's heap, and be handed out again.
+  if (TRAY_UNLIKELY(page->heap == g_prof_heap.load(std::memory_order_relaxed))) prof_forget(block);
   heap_free_block(tls_heap, page, block);
 }
 
@@ -386,6 +393,11 @@ Heap* heap_attach_thread() {
   if (!g_process_ready.load(std::memory_order_acquire)) process_setup();
   os::thread_key_set(g_exit_key, heap);
   return heap;
+}
+
+Heap* heap_create_unowned() {
+  os::LockGuard guard(g_heaps_lock);
+  return heap_new_locked();
 }
 
 // The heap keeps its retained empty pages: the next thread to start adopts them with the heap,

@@ -28,6 +28,9 @@ extern constinit Heap g_empty_heap;
 // &g_empty_heap, the thread's first allocation (size is what the caller asked for).
 // nullptr when out of memory.
 void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept;
+// The slow path after sampling: remote frees, then the class queue, then a new page. Also how
+// a heap that no thread owns (prof.cpp's) allocates, under its user's lock.
+void* heap_refill_pop(Heap* heap, unsigned size_class, size_t size) noexcept;
 // A local free left the page empty, or landed in a full (floating) page.
 void heap_page_event(Heap* heap, Page* page) noexcept;
 // A free into a segment that the fast path could not do: a block of another heap, a block
@@ -41,6 +44,9 @@ void heap_count_free(Heap* self, const Page* page) noexcept;
 // &g_empty_heap): locally if self owns the page, else to the owner heap.
 void heap_free_block(Heap* self, Page* page, Block* block) noexcept;
 
+// A heap of no thread (in the list of heaps, so the statistics count it); nullptr when out of
+// memory. Its user allocates from it under a lock of its own; frees reach it as remote frees.
+Heap* heap_create_unowned();
 // Gives the calling thread a heap (a parked one if any); nullptr when out of memory.
 Heap* heap_attach_thread();
 // Adds the heaps' live-block counts of the class up and raises its recorded peak.

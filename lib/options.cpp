@@ -37,6 +37,11 @@ constexpr OptionSpec kSpecs[] = {
     {"prof", Kind::kFlag, 0, {}, false},
     {"prof_sample", Kind::kBytes, int64_t{512} << 10, {}, false},
     {"guard_sample", Kind::kBytes, 0, {}, false},
+    {"prof_final", Kind::kFlag, 0, {}, false},
+    {"prof_signal", Kind::kSignal, 0, {}, false},
+    {"prof_file", Kind::kPath, 0, {}, false},
+    {"prof_peak", Kind::kFlag, 0, {}, false},
+    {"prof_leaks", Kind::kFlag, 0, {}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 
@@ -44,7 +49,22 @@ constexpr size_t kPathBytes = 512;
 
 std::atomic<int64_t> g_values[unsigned(Option::kCount)];
 std::atomic<bool> g_fixed[unsigned(Option::kCount)];  // read by the allocator: no more changes
-char g_stats_file[kPathBytes];
+constexpr unsigned kPathOptions[] = {unsigned(Option::kStatsFile), unsigned(Option::kProfFile)};
+constexpr unsigned kPathOptionCount = sizeof kPathOptions / sizeof kPathOptions[0];
+char g_paths[kPathOptionCount][kPathBytes];
+
+static_assert([] {
+  unsigned paths = 0;
+  for (const OptionSpec& spec : kSpecs) paths += spec.kind == Kind::kPath ? 1 : 0;
+  return paths;
+}() == kPathOptionCount, "every path option needs its storage");
+
+// Where the text of path option `index` lives.
+char* path_storage(unsigned index) {
+  for (unsigned i = 0; i < kPathOptionCount; ++i)
+    if (kPathOptions[i] == index) return g_paths[i];
+  return nullptr;
+}
 std::atomic<int> g_state{0};  // 0: not read, 1: being read, 2: ready
 
 void warn(const char* source, const char* what, const char* text, size_t length) {
@@ -118,8 +138,9 @@ int assign(unsigned index, const char* value, size_t length, const char* source)
   }
   if (spec.fixed_at_start && g_fixed[index].load(std::memory_order_acquire)) return EBUSY;
   if (spec.kind == Kind::kPath) {
-    for (size_t i = 0; i < length; ++i) g_stats_file[i] = value[i];
-    g_stats_file[length] = '\0';
+    char* path = path_storage(index);
+    for (size_t i = 0; i < length; ++i) path[i] = value[i];
+    path[length] = '\0';
   }
   g_values[index].store(parsed, std::memory_order_release);
   return 0;
@@ -176,7 +197,9 @@ int64_t option(Option which) {
   return g_values[unsigned(which)].load(std::memory_order_acquire);
 }
 
-const char* option_stats_file() { return option(Option::kStatsFile) > 0 ? g_stats_file : ""; }
+const char* option_path(Option which) {
+  return option(which) > 0 ? path_storage(unsigned(which)) : "";
+}
 
 constinit std::atomic<int> g_debug_latched{-1};
 

@@ -22,6 +22,11 @@ enum class Option : unsigned {
   kProf,         // 1: sample allocations for heap profiles (see sample.hpp)
   kProfSample,   // mean bytes allocated between two profiled allocations
   kGuardSample,  // mean bytes allocated between two guarded allocations; 0 for none
+  kProfFinal,    // 1: write the heap profile at exit
+  kProfSignal,   // signal number that writes the heap profile; 0 for none
+  kProfFile,     // where heap profiles go ("" for stderr); %p: the pid, %n: the dump's number
+  kProfPeak,     // 1: keep the profile of the highest live bytes, written at exit
+  kProfLeaks,    // 1: report the sampled allocations still live at exit, by stack
   kCount,
 };
 
@@ -30,8 +35,9 @@ inline constexpr int64_t kStatsJson = 1;
 
 // The value of an option (reading TRAY_OPTIONS on first use).
 int64_t option(Option which);
-// The stats_file option's text; "" when unset.
-const char* option_stats_file();
+// The text of a path option (stats_file, prof_file); "" when unset.
+const char* option_path(Option which);
+inline const char* option_stats_file() { return option_path(Option::kStatsFile); }
 
 // debug=1, as read at the allocator's first use: from then on tray_option_set cannot change it.
 // Inline, since every slow path asks: one load once decided.

@@ -123,25 +123,6 @@ void write_to_fd(void* context, const char* text, size_t length) {
 }
 
 
-// stats_file with every %p replaced by the pid (and %% by %); false if it does not fit.
-bool expand_path(const char* pattern, char* out, size_t capacity) {
-  TextBuffer path(out, capacity - 1);
-  for (const char* p = pattern; *p != '\0'; ++p) {
-    if (p[0] == '%' && p[1] == 'p') {
-      path.dec(uint64_t(os::process_id()));
-      ++p;
-    } else if (p[0] == '%' && p[1] == '%') {
-      path.chr('%');
-      ++p;
-    } else {
-      path.chr(*p);
-    }
-  }
-  if (path.length() == capacity - 1) return false;
-  out[path.length()] = '\0';
-  return true;
-}
-
 // A dump where the options say: stats_file (appended: one dump after another), else stderr.
 void dump(const char* reason) {
   int fd = g_dump_fd;
@@ -149,7 +130,7 @@ void dump(const char* reason) {
   const char* pattern = option_stats_file();
   if (pattern[0] != '\0') {
     char path[640];
-    const int file = expand_path(pattern, path, sizeof path) ? os::open_append(path) : -1;
+    const int file = expand_path(pattern, 0, path, sizeof path) ? os::open_append(path) : -1;
     if (file >= 0) {
       fd = file;
       opened = true;
@@ -180,6 +161,24 @@ __attribute__((destructor)) void stats_at_exit() {
 }
 
 }  // namespace
+
+bool expand_path(const char* pattern, uint64_t number, char* out, size_t capacity) {
+  TextBuffer path(out, capacity - 1);
+  for (const char* p = pattern; *p != '\0'; ++p) {
+    if (p[0] == '%' && (p[1] == 'p' || p[1] == 'n')) {
+      path.dec(p[1] == 'p' ? uint64_t(os::process_id()) : number);
+      ++p;
+    } else if (p[0] == '%' && p[1] == '%') {
+      path.chr('%');
+      ++p;
+    } else {
+      path.chr(*p);
+    }
+  }
+  if (path.length() == capacity - 1) return false;
+  out[path.length()] = '\0';
+  return true;
+}
 
 void stats_collect(tray_stats* out) {
   collect_classes(out);

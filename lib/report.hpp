@@ -3,11 +3,18 @@
 // to stderr or a file). Every path here is async-signal-safe: no allocation, no lock.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "traymalloc.h"
 
 namespace tray {
 
 void stats_collect(tray_stats* out);
+
+// A file option's pattern with %p replaced by the pid, %n by `number` and %% by %, into
+// out[capacity]; false if it does not fit.
+bool expand_path(const char* pattern, uint64_t number, char* out, size_t capacity);
 
 enum class DumpFormat { kText, kJson, kMallocInfoXml };
 // Collects and writes one dump; `reason` names what asked for it. Dumps of different threads

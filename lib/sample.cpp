@@ -5,6 +5,7 @@
 
 #include "options.hpp"
 #include "platform/os.hpp"
+#include "prof.hpp"
 
 namespace tray {
 
@@ -101,7 +102,7 @@ unsigned sample_take(Heap* heap) {
 }
 
 void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero) {
-  (void)fired, (void)size, (void)alignment, (void)zero;
+  if (fired & kSamplerProf) return prof_alloc(size, alignment, zero);
   return nullptr;
 }
 

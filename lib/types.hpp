@@ -138,6 +138,7 @@ inline constexpr size_t kLargeHeaderBytes = 64;      // keeps large blocks 64-by
 // chunk with it: what the chunk map says about a chunk is true of every byte in it.
 struct LargeHeader {
   uint32_t magic;
+  uint32_t prof_sampled;  // 1: the heap profile holds the block (see prof.hpp)
   void* user;           // the block handed out; nullptr while the mapping sits in the cache
   size_t used_bytes;    // from the header to the end of the usable block (whole OS pages)
   size_t reserve_bytes; // length of the mapping: used_bytes rounded up to whole chunks

@@ -86,4 +86,18 @@ inline constexpr size_t kDebugQuarantineBytes = size_t{4} << 20;
 // Debug mode: freed large blocks stay mapped but inaccessible, the newest this many.
 inline constexpr size_t kDebugRetiredLargeCount = 256;
 
+// Heap profiling (prof=1, see prof.hpp). A sampled allocation keeps this many frames of its
+// stack (the innermost: enough to name the site and its callers a few levels up)...
+inline constexpr int kProfMaxFrames = 24;
+// ...in a table of distinct stacks that never shrinks (a sample whose stack finds no room is
+// dropped and counted)...
+inline constexpr size_t kProfStackSlots = 16384;
+// ...and is remembered until its free in a table of this many slots (a power of two), kept at
+// most three quarters full: 49152 live samples, some 24 GiB of live heap at the default rate.
+inline constexpr size_t kProfLiveSlots = 65536;
+// prof_peak=1 copies the live counts of every stack when the estimated live bytes pass the
+// last copy's by this share: the peak profile is within that share of the true peak, and a
+// heap growing from nothing to N bytes costs O(log N) copies.
+inline constexpr size_t kProfPeakStepPercent = 2;
+
 }  // namespace tray

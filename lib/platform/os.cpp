@@ -1,6 +1,7 @@
 #include "platform/os.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -269,13 +270,92 @@ bool set_signal_handler(int signo, void (*handler)(int)) {
 
 namespace {
 std::atomic<bool> g_backtrace_ready{false};
+// The executable segments of the shared object holding this code ([start, end) pairs); none
+// when the allocator is linked into the program.
+constexpr int kOwnRangesMax = 4;
+uintptr_t g_own_ranges[kOwnRangesMax][2];
+int g_own_range_count = 0;
+
+int find_own_ranges(dl_phdr_info* info, size_t, void*) {
+  const auto self = reinterpret_cast<uintptr_t>(&prepare_backtrace);
+  int count = 0;
+  bool contains_self = false;
+  for (int i = 0; i < info->dlpi_phnum && count < kOwnRangesMax; ++i) {
+    const ElfW(Phdr)& header = info->dlpi_phdr[i];
+    if (header.p_type != PT_LOAD || (header.p_flags & PF_X) == 0) continue;
+    const uintptr_t start = info->dlpi_addr + header.p_vaddr;
+    g_own_ranges[count][0] = start;
+    g_own_ranges[count][1] = start + header.p_memsz;
+    contains_self |= self >= start && self < start + header.p_memsz;
+    ++count;
+  }
+  if (!contains_self) return 0;
+  // The main program has no name: its frames are the ones a profile is about.
+  g_own_range_count = info->dlpi_name != nullptr && info->dlpi_name[0] != '\0' ? count : 0;
+  return 1;
+}
+
+bool in_own_code(const void* address) {
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  for (int i = 0; i < g_own_range_count; ++i)
+    if (a >= g_own_ranges[i][0] && a < g_own_ranges[i][1]) return true;
+  return false;
+}
 }  // namespace
 
 void prepare_backtrace() {
   if (backtrace == nullptr || g_backtrace_ready.load(std::memory_order_relaxed)) return;
   void* frame[1];
   backtrace(frame, 1);
+  dl_iterate_phdr(find_own_ranges, nullptr);
   g_backtrace_ready.store(true, std::memory_order_release);
+}
+
+int capture_stack(void** frames, int capacity) {
+  if (!g_backtrace_ready.load(std::memory_order_acquire)) return 0;
+  // Room for the allocator's own frames on top of the ones kept.
+  constexpr int kOwnFramesMax = 16;
+  void* raw[128];
+  const int wanted = capacity + kOwnFramesMax < 128 ? capacity + kOwnFramesMax : 128;
+  const int count = backtrace(raw, wanted);
+  int first = 0;
+  while (first < count && in_own_code(raw[first])) ++first;
+  int kept = 0;
+  for (int i = first; i < count && kept < capacity; ++i) frames[kept++] = raw[i];
+  return kept;
+}
+
+const char* symbol_of(const void* address, uintptr_t* offset, const char** file) {
+  Dl_info info;
+  if (dladdr(address, &info) == 0) {
+    *file = nullptr;
+    return nullptr;
+  }
+  *file = info.dli_fname;
+  if (info.dli_sname == nullptr) return nullptr;
+  *offset = reinterpret_cast<uintptr_t>(address) - reinterpret_cast<uintptr_t>(info.dli_saddr);
+  return info.dli_sname;
+}
+
+void copy_file_to_fd(const char* path, int fd) {
+  const int saved = errno;
+  const int in = open(path, O_RDONLY | O_CLOEXEC);
+  if (in >= 0) {
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(in, buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR))
+      if (n > 0) write_fd(fd, buffer, size_t(n));
+    close(in);
+  }
+  errno = saved;
+}
+
+int open_truncate(const char* path) {
+  const int saved = errno;
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fd = -errno;
+  errno = saved;
+  return fd;
 }
 
 void write_backtrace(int fd) {

@@ -81,6 +81,18 @@ bool set_signal_handler(int signo, void (*handler)(int));
 // write_backtrace() prints nothing until it has.
 void prepare_backtrace();
 void write_backtrace(int fd);
+// The calling thread's stack for heap profiles: up to `capacity` return addresses, innermost
+// first, leaving out the frames in the allocator's own code when it is a shared library (a
+// statically linked allocator cannot be told apart from its program: its frames stay).
+// 0 until prepare_backtrace has run. Never allocates once prepared.
+int capture_stack(void** frames, int capacity);
+// What dladdr knows about a code address: the nearest exported symbol (nullptr if none; its
+// offset in *offset) and the file it lies in (nullptr if none). Not async-signal-safe.
+const char* symbol_of(const void* address, uintptr_t* offset, const char** file);
+// Copies a file (such as /proc/self/maps) to fd with open/read/write: async-signal-safe.
+void copy_file_to_fd(const char* path, int fd);
+// Creates or truncates `path` for writing (0644, close-on-exec); -errno on failure.
+int open_truncate(const char* path);
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*));
 void thread_key_set(pthread_key_t key, const void* value);

@@ -1,0 +1,272 @@
+#include "prof.hpp"
+
+#include <bit>
+#include <cstring>
+
+#include "heap.hpp"
+#include "large.hpp"
+#include "options.hpp"
+#include "platform/os.hpp"
+#include "sample.hpp"
+#include "segment.hpp"
+#include "size_classes.hpp"
+#include "stats.hpp"
+
+namespace tray {
+
+constinit std::atomic<Heap*> g_prof_heap{nullptr};
+
+namespace {
+
+// A live sampled allocation, in an open-addressing table keyed by the block's address.
+struct LiveEntry {
+  void* block;     // nullptr: the slot is empty
+  uint64_t size;   // bytes requested
+  uint64_t weight; // estimated allocations it stands for (kProfWeightOne)
+  uint32_t stack;
+};
+
+constexpr size_t kStackIndexSlots = kProfStackSlots * 2;  // at most half full
+constexpr size_t kLiveLimit = kProfLiveSlots / 4 * 3;
+static_assert(std::has_single_bit(kProfLiveSlots) && std::has_single_bit(kStackIndexSlots));
+
+os::Mutex g_lock;                   // everything below, and allocation from g_prof_heap
+ProfStack* g_stacks = nullptr;      // kProfStackSlots, filled in order
+uint32_t* g_stack_index = nullptr;  // stack number + 1 by hash; 0: empty
+LiveEntry* g_live = nullptr;
+size_t g_live_used = 0;
+uint64_t g_live_estimate = 0;       // estimated bytes of every live sample
+std::atomic<size_t> g_stack_count{0};
+std::atomic<uint64_t> g_dropped{0};
+std::atomic<uint64_t> g_peak_estimate{0};
+std::atomic<uint64_t> g_rate{0};
+
+void lock_for_fork() { g_lock.lock(); }
+void unlock_after_fork() { g_lock.unlock(); }
+
+void* map_table(size_t bytes) {
+  void* p = os::map(bytes);
+  if (p != nullptr) count_add(g_totals.bytes_metadata, bytes);
+  return p;
+}
+
+// The tables and the heap, at the first sample (under g_lock). The fork handlers are
+// registered after the heaps' (a thread has a heap before it samples), so fork takes this
+// lock before theirs, in the order a sample takes them.
+bool ready() {
+  if (g_live != nullptr) return true;
+  Heap* heap = heap_create_unowned();
+  auto* stacks = static_cast<ProfStack*>(map_table(kProfStackSlots * sizeof(ProfStack)));
+  auto* index = static_cast<uint32_t*>(map_table(kStackIndexSlots * sizeof(uint32_t)));
+  auto* live = static_cast<LiveEntry*>(map_table(kProfLiveSlots * sizeof(LiveEntry)));
+  if (heap == nullptr || stacks == nullptr || index == nullptr || live == nullptr) return false;
+  os::register_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
+  g_prof_heap.store(heap, std::memory_order_relaxed);
+  g_stacks = stacks;
+  g_stack_index = index;
+  g_live = live;
+  return true;
+}
+
+// 1 - e^-x for x >= 0, without libm (see sample.cpp's log_unit for why): a series while x is
+// small, where 1 - e^-x would cancel; otherwise e^-x = 2^-k * e^-r with r below ln 2.
+double one_minus_exp_neg(double x) {
+  if (x < 0.5) {
+    double term = x, sum = x;
+    for (int n = 2; n < 20; ++n) {
+      term *= -x / n;
+      sum += term;
+    }
+    return sum;
+  }
+  if (x > 700) return 1;
+  constexpr double kLn2 = 0.6931471805599453;
+  const int k = int(x / kLn2);
+  const double r = x - k * kLn2;
+  double term = 1, exp_neg_r = 1;
+  for (int n = 1; n < 20; ++n) {
+    term *= -r / n;
+    exp_neg_r += term;
+  }
+  const double scale = std::bit_cast<double>(uint64_t(1023 - k) << 52);  // 2^-k
+  return 1 - exp_neg_r * scale;
+}
+
+// How many allocations of `size` bytes one sample stands for at mean interval `rate`: one in
+// 1 / (1 - e^(-size/rate)) of them is sampled (the chance that a point of the sampler's
+// Poisson process falls in its bytes), so weighting each by that keeps the sums unbiased.
+uint64_t weight_of(uint64_t size, uint64_t rate) {
+  const double chance = one_minus_exp_neg(double(size != 0 ? size : 1) / double(rate));
+  return uint64_t(double(kProfWeightOne) / chance + 0.5);
+}
+
+uint64_t estimate_of(uint64_t size, uint64_t weight) {
+  return uint64_t((unsigned __int128)size * weight / kProfWeightOne);
+}
+
+uint64_t hash_stack(void* const* frames, int depth) {
+  uint64_t hash = 0x9E3779B97F4A7C15ULL ^ uint64_t(depth);
+  for (int i = 0; i < depth; ++i) {
+    hash ^= reinterpret_cast<uintptr_t>(frames[i]);
+    hash *= 0xBF58476D1CE4E5B9ULL;
+    hash ^= hash >> 29;
+  }
+  return hash;
+}
+
+constexpr uint32_t kNoStack = ~uint32_t{0};
+
+uint32_t find_or_add_stack(void* const* frames, int depth) {
+  const uint64_t hash = hash_stack(frames, depth);
+  for (size_t slot = hash & (kStackIndexSlots - 1);; slot = (slot + 1) & (kStackIndexSlots - 1)) {
+    const uint32_t entry = g_stack_index[slot];
+    if (entry == 0) break;
+    const ProfStack& stack = g_stacks[entry - 1];
+    if (stack.hash == hash && stack.depth == depth &&
+        std::memcmp(stack.frames, frames, size_t(depth) * sizeof(void*)) == 0)
+      return entry - 1;
+  }
+  const size_t count = g_stack_count.load(std::memory_order_relaxed);
+  if (count == kProfStackSlots) return kNoStack;
+  ProfStack& stack = g_stacks[count];
+  stack.hash = hash;
+  stack.depth = depth;
+  std::memcpy(stack.frames, frames, size_t(depth) * sizeof(void*));
+  size_t slot = hash & (kStackIndexSlots - 1);
+  while (g_stack_index[slot] != 0) slot = (slot + 1) & (kStackIndexSlots - 1);
+  g_stack_index[slot] = uint32_t(count + 1);
+  g_stack_count.store(count + 1, std::memory_order_release);  // dumps may read it now
+  return uint32_t(count);
+}
+
+size_t live_home(const void* block) {
+  const uint64_t key = (reinterpret_cast<uintptr_t>(block) >> 4) * 0x9E3779B97F4A7C15ULL;
+  return size_t(key >> (64 - std::countr_zero(kProfLiveSlots)));
+}
+
+void add(std::atomic<uint64_t>& counter, uint64_t n) {
+  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+void sub(std::atomic<uint64_t>& counter, uint64_t n) {
+  counter.store(counter.load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
+}
+
+// The live counts of every stack, kept as the peak profile (prof_peak=1).
+void copy_peak() {
+  const size_t count = g_stack_count.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < count; ++i) {
+    ProfStack& stack = g_stacks[i];
+    stack.peak_count.store(stack.live_count.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    stack.peak_bytes.store(stack.live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+  g_peak_estimate.store(g_live_estimate, std::memory_order_relaxed);
+}
+
+void remember(void* block, uint64_t size, uint32_t stack_number, uint64_t rate) {
+  const uint64_t weight = weight_of(size, rate);
+  const uint64_t estimate = estimate_of(size, weight);
+  size_t slot = live_home(block);
+  while (g_live[slot].block != nullptr) slot = (slot + 1) & (kProfLiveSlots - 1);
+  g_live[slot] = LiveEntry{block, size, weight, stack_number};
+  ++g_live_used;
+  ProfStack& stack = g_stacks[stack_number];
+  add(stack.live_count, 1);
+  add(stack.live_bytes, size);
+  add(stack.live_weight, weight);
+  add(stack.live_estimate, estimate);
+  add(stack.total_count, 1);
+  add(stack.total_bytes, size);
+  g_live_estimate += estimate;
+  const uint64_t peak = g_peak_estimate.load(std::memory_order_relaxed);
+  if (option(Option::kProfPeak) != 0 && g_live_estimate > peak + peak / 100 * kProfPeakStepPercent)
+    copy_peak();
+}
+
+// Linear probing with backward-shift deletion: no tombstones to slow later lookups.
+void erase_slot(size_t hole) {
+  for (size_t next = (hole + 1) & (kProfLiveSlots - 1); g_live[next].block != nullptr;
+       next = (next + 1) & (kProfLiveSlots - 1)) {
+    const size_t home = live_home(g_live[next].block);
+    // Move the entry back unless its home lies cyclically in (hole, next].
+    const bool stays = hole <= next ? (home > hole && home <= next) : (home > hole || home <= next);
+    if (!stays) {
+      g_live[hole] = g_live[next];
+      hole = next;
+    }
+  }
+  g_live[hole].block = nullptr;
+  --g_live_used;
+}
+
+// A block for the sample: small ones from g_prof_heap, in the smallest class that gives the
+// alignment, large ones marked in their header.
+void* place(size_t size, size_t alignment, bool zero) {
+  if (size <= kMaxSmallBytes && alignment <= kUnitBytes) {
+    for (unsigned c = size_class_of(size); c < kSizeClassCount; ++c) {
+      if (sample_class_alignment(c) < alignment) continue;
+      void* p = heap_refill_pop(g_prof_heap.load(std::memory_order_relaxed), c, size);
+      if (zero && p != nullptr) std::memset(p, 0, size);
+      return p;
+    }
+  }
+  void* p = large_alloc(size, alignment, zero);
+  if (p != nullptr) large_mapping_of(p, chunk_kind(p))->prof_sampled = 1;
+  return p;
+}
+
+}  // namespace
+
+void* prof_alloc(size_t size, size_t alignment, bool zero) {
+  void* frames[kProfMaxFrames];
+  const int depth = os::capture_stack(frames, kProfMaxFrames);
+  const auto rate = uint64_t(option(Option::kProfSample));
+  if (depth == 0 || rate == 0) return nullptr;
+  os::LockGuard guard(g_lock);
+  if (!ready()) return nullptr;
+  const uint32_t stack = find_or_add_stack(frames, depth);
+  if (stack == kNoStack || g_live_used >= kLiveLimit) {
+    g_dropped.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  void* block = place(size, alignment, zero);
+  if (block != nullptr) {
+    g_rate.store(rate, std::memory_order_relaxed);
+    remember(block, size, stack, rate);
+  }
+  return block;
+}
+
+void prof_forget(void* block) {
+  os::LockGuard guard(g_lock);
+  for (size_t slot = live_home(block); g_live[slot].block != nullptr;
+       slot = (slot + 1) & (kProfLiveSlots - 1)) {
+    if (g_live[slot].block != block) continue;
+    const LiveEntry entry = g_live[slot];
+    const uint64_t estimate = estimate_of(entry.size, entry.weight);
+    ProfStack& stack = g_stacks[entry.stack];
+    sub(stack.live_count, 1);
+    sub(stack.live_bytes, entry.size);
+    sub(stack.live_weight, entry.weight);
+    sub(stack.live_estimate, estimate);
+    g_live_estimate -= estimate;
+    erase_slot(slot);
+    return;
+  }
+}
+
+void prof_forget_large(LargeHeader* header) {
+  header->prof_sampled = 0;  // the mapping may be reused for a block that is not sampled
+  prof_forget(header->user);
+}
+
+size_t prof_stack_count() { return g_stack_count.load(std::memory_order_acquire); }
+const ProfStack* prof_stacks() { return g_stacks; }
+uint64_t prof_dropped() { return g_dropped.load(std::memory_order_relaxed); }
+uint64_t prof_peak_estimate() { return g_peak_estimate.load(std::memory_order_relaxed); }
+
+uint64_t prof_rate() {
+  const uint64_t rate = g_rate.load(std::memory_order_relaxed);
+  return rate != 0 ? rate : uint64_t(option(Option::kProfSample));
+}
+
+}  // namespace tray

@@ -1,0 +1,66 @@
+// Heap profiling (prof=1): the allocations that the sampler picks (sample.hpp: one per
+// prof_sample bytes on average, every byte equally likely) are placed and remembered here,
+// with their stacks, until they are freed; prof_write.cpp turns what is live into heap
+// profiles (gperftools' text format) and leak reports.
+//
+// Found again at free at no cost to other frees: a sampled small block comes from a heap that
+// no thread owns, so its free always misses the free fast path (page->heap == tls_heap) and
+// reaches heap_free_remote, which compares page->heap with g_prof_heap; a sampled large block
+// carries LargeHeader::prof_sampled, which free_slow tests. Everything here runs on slow paths,
+// under one lock; dumps read the counts without it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/config.hpp"
+#include "types.hpp"
+
+namespace tray {
+
+// The heap that sampled small blocks come from; nullptr until the first sample.
+extern std::atomic<Heap*> g_prof_heap;
+
+// sample_alloc's answer when the profile's sampler fired: a block placed and recorded here,
+// or nullptr (the caller then allocates as usual) when the stack cannot be taken yet (before
+// the library's constructor prepared the unwinder) or the tables are full.
+void* prof_alloc(size_t size, size_t alignment, bool zero);
+// The free of a block of g_prof_heap's pages (any block there: one not recorded is ignored).
+void prof_forget(void* block);
+// The free of a large block with prof_sampled set.
+void prof_forget_large(LargeHeader* header);
+// tray_option_set changed an option: prepares the unwinder and the prof_signal handler.
+void prof_options_changed();
+
+// Estimated counts are fixed-point numbers with this unit.
+inline constexpr uint64_t kProfWeightOne = 256;
+
+// One distinct stack and what was sampled there. Written under the profile's lock; read by
+// dumps without it (a dump may run in a signal handler that interrupted the lock's holder),
+// so the counts are relaxed atomics and a dump taken while others allocate is a little stale.
+struct ProfStack {
+  uint64_t hash;
+  int depth;
+  void* frames[kProfMaxFrames];  // return addresses, innermost first
+  std::atomic<uint64_t> live_count;     // sampled allocations not freed yet
+  std::atomic<uint64_t> live_bytes;     // their requested bytes
+  std::atomic<uint64_t> live_weight;    // their estimated count of allocations (kProfWeightOne)
+  std::atomic<uint64_t> live_estimate;  // their estimated bytes
+  std::atomic<uint64_t> total_count;    // every sampled allocation, freed or not
+  std::atomic<uint64_t> total_bytes;
+  std::atomic<uint64_t> peak_count;     // live_count and live_bytes at the last peak copy
+  std::atomic<uint64_t> peak_bytes;
+};
+
+// The stacks recorded so far, [0, prof_stack_count()); stacks are never removed.
+size_t prof_stack_count();
+const ProfStack* prof_stacks();
+// Samples left out for want of room in the tables.
+uint64_t prof_dropped();
+// Estimated live bytes at the last peak copy (prof_peak=1).
+uint64_t prof_peak_estimate();
+// The mean sampling interval (prof_sample) that weights are computed with.
+uint64_t prof_rate();
+
+}  // namespace tray

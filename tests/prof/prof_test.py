@@ -1,0 +1,177 @@
+"""Heap profiles of real programs under libtraymalloc.so: the estimates of a program with known
+allocation sites (prof_sites), google-pprof's reading of the same profile, the peak profile, a
+profile written on a signal, the leak report of a program that leaks from two known sites
+(prof_leaks), and tools/tray-prof on profiles of a Python interpreter.
+
+Usage: python3 tests/prof/prof_test.py LIBTRAYMALLOC PROF_SITES PROF_LEAKS [unittest options]
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+LIBRARY = SITES = LEAKS = None  # from the command line
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "tray-prof"
+# With 1 sample per 4 KiB, each 16 MB site gets some 4000 samples: a standard error of 1.6%,
+# so 10% is six of them.
+TOLERANCE = 0.10
+
+
+def run(command, options, preload=True, check=True, **extra_env):
+    env = dict(os.environ, TRAY_OPTIONS=",".join(options), **extra_env)
+    if preload:
+        env["LD_PRELOAD"] = str(LIBRARY)
+    result = subprocess.run([str(c) for c in command], capture_output=True, text=True, env=env,
+                            timeout=240)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{command} exited with {result.returncode}:\n{result.stderr}")
+    return result
+
+
+def tray_prof(*args):
+    result = subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
+                            text=True, timeout=240)
+    if result.returncode != 0:
+        raise AssertionError(f"tray-prof {args} failed:\n{result.stderr}")
+    return result.stdout
+
+
+def sites_of(profile):
+    return json.loads(tray_prof("top", "--json", profile))["sites"]
+
+
+class Case(unittest.TestCase):
+    def setUp(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="tray-prof-test-"))
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def assert_near(self, estimate, truth, what):
+        self.assertLessEqual(abs(estimate - truth), TOLERANCE * truth,
+                             f"{what}: estimated {estimate:.0f}, truth {truth}")
+
+
+class SitesTest(Case):
+    def test_estimates_per_site_are_within_ten_percent(self):
+        api = self.dir / "api.heap"
+        result = run([SITES, "sites", api], ["prof=1", "prof_sample=4k", "prof_final=1",
+                                              f"prof_file={self.dir}/final.%p.heap"])
+        truth = {f"site_{w[0]}()": (int(w[1]), int(w[1]) * int(w[2]))
+                 for w in (line.split() for line in result.stdout.splitlines())}
+        finals = list(self.dir.glob("final.*.heap"))
+        self.assertEqual(len(finals), 1)
+        for profile in (api, finals[0]):
+            sites = sites_of(profile)
+            for name, (count, size) in truth.items():
+                self.assertIn(name, sites, f"{profile}: {sorted(sites)}")
+                self.assert_near(sites[name]["bytes"], size, f"{profile} {name} bytes")
+                self.assert_near(sites[name]["count"], count, f"{profile} {name} count")
+
+    def test_google_pprof_names_the_sites(self):
+        if shutil.which("google-pprof") is None:
+            self.skipTest("google-pprof missing (tools/install-deps installs google-perftools)")
+        api = self.dir / "api.heap"
+        run([SITES, "sites", api], ["prof=1", "prof_sample=4k"])
+        text = subprocess.run(["google-pprof", "--text", str(SITES), str(api)], capture_output=True,
+                              text=True, timeout=240)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("Adjusting heap profiles for 1-in-4096 sampling rate", text.stderr)
+        megabytes = {}
+        for line in text.stdout.splitlines():  # flat, flat%, sum%, cum, cum%, name
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("site_"):
+                megabytes[fields[5]] = float(fields[3])
+        for name in ("site_small", "site_medium", "site_large"):
+            self.assertIn(name, megabytes, text.stdout)
+            self.assert_near(megabytes[name] * 2**20, 16e6 if name != "site_medium" else 16.384e6,
+                             f"google-pprof {name}")
+
+
+class PeakTest(Case):
+    def test_peak_profile_holds_the_freed_high_and_final_the_rest(self):
+        run([SITES, "peak"], ["prof=1", "prof_sample=4k", "prof_final=1", "prof_peak=1",
+                              f"prof_file={self.dir}/p.heap"])
+        peak, final = sites_of(self.dir / "p.heap.peak"), sites_of(self.dir / "p.heap")
+        self.assert_near(peak["site_peak()"]["bytes"], 32e6, "peak site_peak")
+        self.assertNotIn("site_after()", peak)
+        self.assertNotIn("site_peak()", final)
+        self.assert_near(final["site_after()"]["bytes"], 4e6, "final site_after")
+
+
+class SignalTest(Case):
+    def test_signal_writes_a_numbered_profile(self):
+        result = run([SITES, "signal"], ["prof=1", "prof_sample=4k", "prof_signal=SIGUSR1",
+                                         f"prof_file={self.dir}/s.%p.%n.heap"])
+        files = list(self.dir.glob("s.*.0.heap"))
+        self.assertEqual(len(files), 1, result.stderr)
+        self.assert_near(sites_of(files[0])["site_small()"]["bytes"], 16e6, "signal site_small")
+
+
+class LeakTest(Case):
+    def test_report_names_both_leaks_and_nothing_else(self):
+        result = run([LEAKS], ["prof=1", "prof_sample=64k", "prof_leaks=1"])
+        report = result.stderr
+        header = re.search(r"leak report: (\d+) stacks hold about", report)
+        self.assertIsNotNone(header, report)
+        self.assertEqual(header.group(1), "2", report)
+        leaks = re.findall(r"leak (\d) of 2: about ([\d.]+) MiB in (\d+) blocks.*\n.*#0 \S+ (\w+)\+", report)
+        self.assertEqual(sorted(leak[3] for leak in leaks), ["leak_buffers", "leak_nodes"], report)
+        for _, mib, blocks, name in leaks:
+            truth_bytes, truth_blocks = (8 * 2**20, 2048) if name == "leak_buffers" else (8.4e6, 150000)
+            self.assertLessEqual(abs(float(mib) * 2**20 - truth_bytes), 0.25 * truth_bytes, report)
+            self.assertLessEqual(abs(int(blocks) - truth_blocks), 0.25 * truth_blocks, report)
+        self.assertNotIn("churn", report)
+
+    def test_no_report_without_the_option(self):
+        result = run([LEAKS], ["prof=1", "prof_sample=64k"])
+        self.assertNotIn("leak report", result.stderr)
+
+
+PYTHON_WORK = """
+import os, signal
+kept = []
+os.kill(os.getpid(), signal.SIGUSR1)
+for i in range(300000):
+    kept.append({"n": i, "text": "x" * (i % 100)})
+os.kill(os.getpid(), signal.SIGUSR1)
+"""
+
+
+class PythonTest(Case):
+    def test_tray_prof_reads_python_profiles(self):
+        env_options = ["prof=1", "prof_sample=64k", "prof_signal=SIGUSR1",
+                       f"prof_file={self.dir}/py.%n.heap"]
+        python = shutil.which("python3")
+        # Python's own object allocator takes its arenas with mmap: send everything to malloc.
+        run([python, "-c", PYTHON_WORK], env_options, PYTHONMALLOC="malloc")
+        before, after = self.dir / "py.0.heap", self.dir / "py.1.heap"
+        sites = sites_of(after)
+        total = sum(site["bytes"] for site in sites.values())
+        # 300000 dicts and strings: well over 50 MB, nearly all through Python's allocators.
+        self.assertGreater(total, 50e6)
+        python_bytes = sum(s["bytes"] for name, s in sites.items() if re.match(r"_?Py", name))
+        self.assertGreater(python_bytes, 0.5 * total, sorted(sites.items(), key=lambda kv: -kv[1]["bytes"])[:5])
+        top = tray_prof("top", after)
+        self.assertIn("top sites by live bytes", top)
+        self.assertIn("top sites by live count", top)
+        grown = json.loads(tray_prof("diff", "--json", before, after))
+        self.assertGreater(sum(site["bytes_delta"] for site in grown.values()), 50e6)
+        svg = self.dir / "flame.svg"
+        tray_prof("flame", after, "-o", svg)
+        root = ElementTree.parse(svg).getroot()
+        titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+        self.assertTrue(any(t.startswith("all (") for t in titles))
+        self.assertTrue(any(re.match(r"_?Py", t) for t in titles), titles[:20])
+
+
+if __name__ == "__main__":
+    LIBRARY, SITES, LEAKS = (Path(a).resolve() for a in sys.argv[1:4])
+    unittest.main(argv=[sys.argv[0], *sys.argv[4:]])
