@@ -5,6 +5,7 @@
 
 #include "alloc.hpp"
 #include "debug.hpp"
+#include "guard.hpp"
 #include "large.hpp"
 #include "options.hpp"
 #include "report.hpp"
@@ -61,6 +62,7 @@ void free_slow(void* p) noexcept {
     free_foreign(p);
     return;
   }
+  if (kind == kChunkGuard) return guard_free(p);
   LargeHeader* header = large_mapping_of(p, kind);
   if (header != nullptr && header->user == p) large_free(header);
   else count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
@@ -110,6 +112,10 @@ void* reallocate(void* p, size_t size) noexcept {
     if (size <= old_usable && size >= old_usable / 2) return p;
   } else if (kind == kChunkForeign) {
     return g_foreign.realloc != nullptr ? g_foreign.realloc(p, size) : out_of_memory();
+  } else if (kind == kChunkGuard) {
+    // Always moved: a block that grew or shrank in place would lose its guard page.
+    old_usable = guard_usable_size(p);
+    if (old_usable == 0) return out_of_memory();  // not a live block: leave it alone
   } else {
     LargeHeader* header = large_mapping_of(p, kind);
     if (header == nullptr || header->user != p) return out_of_memory();  // not a block
@@ -136,6 +142,7 @@ size_t usable_size(const void* p) noexcept {
   if (kind == kChunkForeign) {
     return g_foreign.usable_size != nullptr ? g_foreign.usable_size(const_cast<void*>(p)) : 0;
   }
+  if (kind == kChunkGuard) return guard_usable_size(p);
   const LargeHeader* header = large_mapping_of(p, kind);
   return header != nullptr && header->user == p ? large_usable_size(header) : 0;
 }
@@ -214,6 +221,7 @@ TRAY_EXPORT int tray_trim(void) { return trim_all() ? 1 : 0; }
 TRAY_EXPORT int tray_option_set(const char* name, const char* value) {
   const int result = option_set(name, value);
   if (result == 0 && option(Option::kDebug) != 0) debug_prepare();
+  if (result == 0 && option(Option::kGuardSample) != 0) guard_prepare();
   if (result == 0) {
     report_options_changed();
     sample_options_changed();

@@ -17,7 +17,7 @@ namespace tray {
 
 namespace {
 
-enum class Kind { kFlag, kChoice, kSignal, kPath, kBytes };
+enum class Kind { kFlag, kChoice, kSignal, kPath, kBytes, kCount };
 
 struct OptionSpec {
   const char* name;
@@ -37,6 +37,7 @@ constexpr OptionSpec kSpecs[] = {
     {"prof", Kind::kFlag, 0, {}, false},
     {"prof_sample", Kind::kBytes, int64_t{512} << 10, {}, false},
     {"guard_sample", Kind::kBytes, 0, {}, false},
+    {"guard_slots", Kind::kCount, 64, {}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 
@@ -104,6 +105,8 @@ int64_t parse_value(const OptionSpec& spec, const char* text, size_t length) {
       return length < kPathBytes ? int64_t(length) : -1;
     case Kind::kBytes:
       return parse_bytes(text, length);
+    case Kind::kCount:  // a plain decimal number: no suffix
+      return length > 0 && text[length - 1] >= '0' && text[length - 1] <= '9' ? parse_bytes(text, length) : -1;
   }
   return -1;
 }

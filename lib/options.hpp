@@ -22,6 +22,7 @@ enum class Option : unsigned {
   kProf,         // 1: sample allocations for heap profiles (see sample.hpp)
   kProfSample,   // mean bytes allocated between two profiled allocations
   kGuardSample,  // mean bytes allocated between two guarded allocations; 0 for none
+  kGuardSlots,   // guarded blocks kept at once, live or freed (read at the first guarded one)
   kCount,
 };
 

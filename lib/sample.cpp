@@ -3,6 +3,7 @@
 #include <bit>
 #include <climits>
 
+#include "guard.hpp"
 #include "options.hpp"
 #include "platform/os.hpp"
 
@@ -101,7 +102,9 @@ unsigned sample_take(Heap* heap) {
 }
 
 void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero) {
-  (void)fired, (void)size, (void)alignment, (void)zero;
+  if (fired & kSamplerGuard) {
+    if (void* block = guard_alloc(size, alignment, zero); block != nullptr) return block;
+  }
   return nullptr;
 }
 

@@ -86,4 +86,13 @@ inline constexpr size_t kDebugQuarantineBytes = size_t{4} << 20;
 // Debug mode: freed large blocks stay mapped but inaccessible, the newest this many.
 inline constexpr size_t kDebugRetiredLargeCount = 256;
 
+// Guarded sampling (guard.cpp): a sampled block of at most this many bytes gets a slot of its
+// own (rounded up to whole OS pages) between two inaccessible pages; larger ones are not guarded.
+inline constexpr size_t kGuardMaxBlockBytes = size_t{16} << 10;
+// Slots at most (guard_slots is clamped to it): the slot table is a static array, and each slot
+// takes kGuardMaxBlockBytes + a page of address space (resident only while a block is live).
+inline constexpr size_t kGuardMaxSlots = 1024;
+// Return addresses kept of each guarded block's allocation and of its free.
+inline constexpr unsigned kGuardStackFrames = 16;
+
 }  // namespace tray

@@ -94,6 +94,14 @@ void protect_none(void* p, size_t bytes) {
   errno = saved;
 }
 
+bool protect_read_write(void* p, size_t bytes) {
+  const int saved = errno;
+  count_call(g_calls.mprotect);
+  const bool done = mprotect(p, bytes, PROT_READ | PROT_WRITE) == 0;
+  errno = saved;
+  return done;
+}
+
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes) {
   count_call(g_calls.mremap);
   return mremap(p, old_bytes, new_bytes, 0) != MAP_FAILED;
@@ -245,6 +253,57 @@ void write_backtrace(int fd) {
   const int count = backtrace(frames, 32);
   // Frame 0 is this function; the caller's frames are the report's own and stay useful.
   if (count > 1) backtrace_symbols_fd(frames + 1, count - 1, fd);
+}
+
+int capture_backtrace(void** frames, int max) {
+  if (!g_backtrace_ready.load(std::memory_order_acquire)) return 0;
+  const int count = backtrace(frames, max);
+  return count > 0 ? count : 0;
+}
+
+void write_frames(int fd, void* const* frames, int count) {
+  if (backtrace_symbols_fd != nullptr && count > 0) backtrace_symbols_fd(frames, count, fd);
+}
+
+namespace {
+void (*g_fault_hook)(void*) = nullptr;
+struct sigaction g_previous_fault_action;
+
+void on_fault(int signo, siginfo_t* info, void* context) {
+  const int saved = errno;
+  g_fault_hook(info->si_addr);
+  errno = saved;
+  const struct sigaction& previous = g_previous_fault_action;
+  if ((previous.sa_flags & SA_SIGINFO) != 0) {
+    if (previous.sa_sigaction != nullptr) previous.sa_sigaction(signo, info, context);
+    return;
+  }
+  if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+    previous.sa_handler(signo);
+    return;
+  }
+  // The default action, as if we had never been here. A real fault runs its instruction again
+  // on return and meets SIG_DFL; a SIGSEGV sent with kill() would not, so it is sent again (it
+  // stays blocked until this handler returns). SIG_IGN cannot stop a real fault either.
+  struct sigaction fallback;
+  memset(&fallback, 0, sizeof fallback);
+  fallback.sa_handler = SIG_DFL;
+  sigemptyset(&fallback.sa_mask);
+  sigaction(signo, &fallback, nullptr);
+  raise(signo);
+}
+}  // namespace
+
+bool set_fault_hook(void (*hook)(void* address)) {
+  if (g_fault_hook != nullptr) return true;
+  g_fault_hook = hook;
+  struct sigaction action;
+  memset(&action, 0, sizeof action);
+  action.sa_sigaction = on_fault;
+  // SA_ONSTACK: a program that handles stack overflows on an alternate stack keeps doing so.
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  return sigaction(SIGSEGV, &action, &g_previous_fault_action) == 0;
 }
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*)) {

@@ -33,6 +33,8 @@ void unmap(void* p, size_t bytes);
 void purge(void* p, size_t bytes);
 // Makes the range inaccessible (any touch faults) and gives its pages back to the OS.
 void protect_none(void* p, size_t bytes);
+// Makes the range readable and writable again (after reserve_aligned or protect_none).
+bool protect_read_write(void* p, size_t bytes);
 // Grows or shrinks a mapping without moving it; false if the neighbours are in the way.
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes);
 // Moves a mapping onto `target` (a reservation of at least new_bytes), without copying.
@@ -71,6 +73,17 @@ bool set_signal_handler(int signo, void (*handler)(int));
 // write_backtrace() prints nothing until it has.
 void prepare_backtrace();
 void write_backtrace(int fd);
+// The caller's return addresses, innermost first, into frames[0, max): how many (0 before
+// prepare_backtrace). Never allocates once prepared.
+int capture_backtrace(void** frames, int max);
+// Frames from capture_backtrace, one a line, symbolised as write_backtrace does.
+void write_frames(int fd, void* const* frames, int count);
+
+// Runs hook(faulting address) first on every SIGSEGV. The hook returns when the fault is not
+// its business: the signal then goes to the handler installed before (a program's own), or
+// takes its default action (the process ends by SIGSEGV, as it would have without us).
+// Installed once; false if sigaction failed.
+bool set_fault_hook(void (*hook)(void* address));
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*));
 void thread_key_set(pthread_key_t key, const void* value);
