@@ -12,6 +12,7 @@
 #include "sample.hpp"
 #include "size_classes.hpp"
 #include "stats.hpp"
+#include "track.hpp"
 #include "traymalloc.h"
 
 namespace tray {
@@ -31,6 +32,55 @@ void free_foreign(void* p) {
   if (g_foreign.free != nullptr) g_foreign.free(p);
 }
 
+// Zeroes the first `size` bytes of a block just taken (they may still be poisoned for ASan).
+void zero_fill(void* p, size_t size) {
+  track_expose(p, size);
+  std::memset(p, 0, size);
+}
+
+void* aligned_untracked(size_t size, size_t alignment, bool zero) {
+  if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
+  if (alignment <= kNaturalAlignment) {
+    void* p = alloc_untracked(size < alignment ? alignment : size);
+    if (zero && p != nullptr) zero_fill(p, size);
+    return p;
+  }
+  // A class whose block size is a multiple of the alignment has every block aligned, since
+  // pages start on a unit boundary.
+  if (alignment <= kUnitBytes && size <= kMaxSmallBytes) {
+    for (unsigned c = size_class_of(size < alignment ? alignment : size); c < kSizeClassCount; ++c) {
+      if (class_size(c) % alignment != 0) continue;
+      void* p = heap_alloc_class(c, size);
+      if (zero && p != nullptr) zero_fill(p, size);
+      return p;
+    }
+  }
+  return alloc_slow(size, alignment, zero);
+}
+
+void* zeroed_untracked(size_t total) {
+  if (total > kMaxSmallBytes || TRAY_UNLIKELY(debug_mode())) return alloc_slow(total, 0, true);
+  void* p = heap_alloc_small(total);
+  if (p != nullptr) zero_fill(p, total);
+  return p;
+}
+
+// realloc in TRAY_VALGRIND and TRAY_ASAN builds: always a new block, since the tools could not
+// be told how far a block resized in place had been written.
+void* reallocate_by_copy(void* p, size_t size) {
+  const size_t old_usable = usable_size(p);
+  if (old_usable == 0) return out_of_memory();  // not a live block: leave it alone
+  void* fresh = alloc(size);
+  if (fresh == nullptr) return nullptr;
+  {
+    [[maybe_unused]] TrackScope scope;
+    track_expose(p, old_usable);
+    std::memcpy(fresh, p, size < old_usable ? size : old_usable);
+  }
+  dealloc(p);
+  return fresh;
+}
+
 }  // namespace
 
 void set_foreign_handlers(const ForeignHandlers& handlers) noexcept { g_foreign = handlers; }
@@ -39,7 +89,7 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
   if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) {
     void* p = heap_alloc_small(size);
-    if (zero && p != nullptr) std::memset(p, 0, size);
+    if (zero && p != nullptr) zero_fill(p, size);
     return p;
   }
   if (alignment < kNaturalAlignment) alignment = kNaturalAlignment;
@@ -69,35 +119,20 @@ void free_slow(void* p) noexcept {
 }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {
-  if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
-  if (alignment <= kNaturalAlignment) {
-    void* p = alloc(size < alignment ? alignment : size);
-    if (zero && p != nullptr) std::memset(p, 0, size);
-    return p;
-  }
-  // A class whose block size is a multiple of the alignment has every block aligned, since
-  // pages start on a unit boundary.
-  if (alignment <= kUnitBytes && size <= kMaxSmallBytes) {
-    for (unsigned c = size_class_of(size < alignment ? alignment : size); c < kSizeClassCount; ++c) {
-      if (class_size(c) % alignment != 0) continue;
-      void* p = heap_alloc_class(c, size);
-      if (zero && p != nullptr) std::memset(p, 0, size);
-      return p;
-    }
-  }
-  return alloc_slow(size, alignment, zero);
+  [[maybe_unused]] TrackScope scope;
+  return track_allocated(aligned_untracked(size, alignment, zero), size, zero);
 }
 
 void* alloc_zeroed(size_t count, size_t size) noexcept {
   size_t total;
   if (__builtin_mul_overflow(count, size, &total)) return out_of_memory();
-  if (total > kMaxSmallBytes || TRAY_UNLIKELY(debug_mode())) return alloc_slow(total, 0, true);
-  void* p = heap_alloc_small(total);
-  if (p != nullptr) std::memset(p, 0, total);
-  return p;
+  [[maybe_unused]] TrackScope scope;
+  return track_allocated(zeroed_untracked(total), total, true);
 }
 
 void* reallocate(void* p, size_t size) noexcept {
+  if (kTrackBlocks && p != nullptr && size != 0 && chunk_kind(p) != kChunkForeign)
+    return reallocate_by_copy(p, size);
   if (TRAY_UNLIKELY(debug_mode())) return debug_realloc(p, size);
   if (p == nullptr) return alloc(size);
   if (size == 0) {  // glibc's answer: free, and return NULL
@@ -134,7 +169,7 @@ void* reallocate(void* p, size_t size) noexcept {
   return fresh;
 }
 
-size_t usable_size(const void* p) noexcept {
+size_t usable_size_untracked(const void* p) noexcept {
   if (TRAY_UNLIKELY(debug_mode())) return debug_usable_size(p);
   const uint8_t kind = chunk_kind(p);
   if (kind == kChunkSegment) return page_of(segment_of(p), p)->block_bytes;
@@ -147,7 +182,14 @@ size_t usable_size(const void* p) noexcept {
   return header != nullptr && header->user == p ? large_usable_size(header) : 0;
 }
 
+size_t usable_size(const void* p) noexcept {
+  const size_t usable = usable_size_untracked(p);
+  if (kTrackBlocks && usable != 0 && chunk_kind(p) != kChunkForeign) track_usable(p, usable);
+  return usable;
+}
+
 bool trim_all() noexcept {
+  [[maybe_unused]] TrackScope scope;  // purging reads the remote frees' links
   bool released = heap_trim();
   released |= segment_trim();
   released |= large_trim();

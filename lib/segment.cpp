@@ -6,6 +6,7 @@
 #include "core/assert.hpp"
 #include "platform/os.hpp"
 #include "stats.hpp"
+#include "track.hpp"
 
 namespace tray {
 
@@ -69,6 +70,7 @@ Segment* segment_map_new() {
 
 void segment_unmap(Segment* s) {
   chunk_map_clear(s, kSegmentBytes);
+  track_unmapped(s, kSegmentBytes);
   os::unmap(s, kSegmentBytes);
   count_sub(g_totals.segments_mapped, 1);
   count_sub(g_totals.bytes_mapped, kSegmentBytes);

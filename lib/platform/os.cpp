@@ -16,6 +16,36 @@
 
 #include "core/bits.hpp"
 
+#if TRAY_ASAN
+#include <sys/syscall.h>
+// In a program built with -fsanitize=address, ASan's runtime intercepts these C library
+// functions and, while it sets its interceptors up, calls our malloc (the loader allocates an
+// error message for each symbol it cannot find): an interceptor whose real function is not
+// known yet jumps to address 0. The system calls themselves are never intercepted.
+namespace {
+void* raw_mmap(void* a, size_t n, int prot, int flags, int fd, off_t off) {
+  return reinterpret_cast<void*>(syscall(SYS_mmap, a, n, prot, flags, fd, off));
+}
+void* raw_mremap(void* p, size_t old_bytes, size_t new_bytes, int flags, void* target = nullptr) {
+  return reinterpret_cast<void*>(syscall(SYS_mremap, p, old_bytes, new_bytes, flags, target));
+}
+int raw_munmap(void* p, size_t n) { return int(syscall(SYS_munmap, p, n)); }
+int raw_madvise(void* p, size_t n, int advice) { return int(syscall(SYS_madvise, p, n, advice)); }
+int raw_mprotect(void* p, size_t n, int prot) { return int(syscall(SYS_mprotect, p, n, prot)); }
+int raw_clock_gettime(clockid_t clock, timespec* ts) { return int(syscall(SYS_clock_gettime, clock, ts)); }
+ssize_t raw_getrandom(void* buffer, size_t n, unsigned flags) { return syscall(SYS_getrandom, buffer, n, flags); }
+ssize_t raw_write(int fd, const void* text, size_t n) { return syscall(SYS_write, fd, text, n); }
+}  // namespace
+#define mmap(...) raw_mmap(__VA_ARGS__)
+#define mremap(...) raw_mremap(__VA_ARGS__)
+#define munmap(...) raw_munmap(__VA_ARGS__)
+#define madvise(...) raw_madvise(__VA_ARGS__)
+#define mprotect(...) raw_mprotect(__VA_ARGS__)
+#define clock_gettime(...) raw_clock_gettime(__VA_ARGS__)
+#define getrandom(...) raw_getrandom(__VA_ARGS__)
+#define write(...) raw_write(__VA_ARGS__)
+#endif
+
 // Weak: a static executable then links without the C library's unwinder (and its dlopen),
 // and simply prints no backtrace.
 extern "C" int backtrace(void** frames, int count) __attribute__((weak));

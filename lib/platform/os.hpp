@@ -90,6 +90,23 @@ void thread_key_set(pthread_key_t key, const void* value);
 int register_atfork(void (*prepare)(), void (*parent)(), void (*child)());
 
 // A plain mutex for slow paths. Constant-initialised, so it works before any constructor.
+#if TRAY_ASAN
+// A spin lock in -DTRAY_ASAN=ON builds: ASan intercepts pthread_mutex_lock and calls malloc
+// before it knows the real one (see os.cpp).
+class Mutex {
+ public:
+  constexpr Mutex() = default;
+  Mutex(const Mutex&) = delete;
+  Mutex& operator=(const Mutex&) = delete;
+  void lock() {
+    while (locked_.exchange(true, std::memory_order_acquire)) yield_thread();
+  }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+#else
 class Mutex {
  public:
   constexpr Mutex() = default;
@@ -101,6 +118,7 @@ class Mutex {
  private:
   pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;
 };
+#endif
 
 class LockGuard {
  public:
