@@ -14,7 +14,7 @@ namespace tray {
 
 // A guarded block of `size` bytes aligned to `alignment`, or nullptr when the request is not
 // eligible (too big, over-aligned, before the process is ready, every slot live): the caller
-// then allocates as usual. Its memory reads as zero, so `zero` asks nothing more.
+// then allocates as usual. Always zeroed, so `zero` asks nothing more.
 void* guard_alloc(size_t size, size_t alignment, bool zero);
 // Frees a pointer into the region: reports a double or invalid free, or an overflow into the
 // padding behind the block, and aborts.

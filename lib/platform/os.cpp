@@ -124,6 +124,13 @@ void protect_none(void* p, size_t bytes) {
   errno = saved;
 }
 
+void protect_no_access(void* p, size_t bytes) {
+  const int saved = errno;
+  count_call(g_calls.mprotect);
+  mprotect(p, bytes, PROT_NONE);
+  errno = saved;
+}
+
 bool protect_read_write(void* p, size_t bytes) {
   const int saved = errno;
   count_call(g_calls.mprotect);

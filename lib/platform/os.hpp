@@ -33,6 +33,9 @@ void unmap(void* p, size_t bytes);
 void purge(void* p, size_t bytes);
 // Makes the range inaccessible (any touch faults) and gives its pages back to the OS.
 void protect_none(void* p, size_t bytes);
+// Makes the range inaccessible and keeps its pages (cheaper than protect_none when they will be
+// made accessible again soon).
+void protect_no_access(void* p, size_t bytes);
 // Makes the range readable and writable again (after reserve_aligned or protect_none).
 bool protect_read_write(void* p, size_t bytes);
 // Grows or shrinks a mapping without moving it; false if the neighbours are in the way.
