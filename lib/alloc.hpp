@@ -9,6 +9,7 @@
 #include "core/config.hpp"
 #include "heap.hpp"
 #include "segment.hpp"
+#include "track.hpp"
 
 namespace tray {
 
@@ -33,12 +34,13 @@ void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept;
 void* alloc_zeroed(size_t count, size_t size) noexcept;
 void* reallocate(void* p, size_t size) noexcept;
 size_t usable_size(const void* p) noexcept;
+size_t usable_size_untracked(const void* p) noexcept;  // without telling memcheck or ASan
 bool trim_all() noexcept;
 
 // Sizes past the fine class table test one more bound, in the branch small sizes skip.
 // In debug mode tls_heap is &g_empty_heap, with no block to pop and no page to own, so both
 // fast paths fall through to the checked slow paths at no cost when debug mode is off.
-TRAY_INLINE void* alloc(size_t size) noexcept {
+TRAY_INLINE void* alloc_untracked(size_t size) noexcept {
   void* p = nullptr;
   if (TRAY_LIKELY(size <= kLookupLimitBytes)) p = heap_pop(tls_heap, size_class_lookup(size), size);
   else if (size <= kMaxSmallBytes) p = heap_pop(tls_heap, size_class_coarse(size), size);
@@ -46,12 +48,25 @@ TRAY_INLINE void* alloc(size_t size) noexcept {
   return alloc_slow(size, 0, false);
 }
 
-TRAY_INLINE void dealloc(void* p) noexcept {
+TRAY_INLINE void dealloc_untracked(void* p) noexcept {
   const uintptr_t chunk = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
   if (TRAY_LIKELY(chunk < kChunkCount && chunk_map_load(chunk) == kChunkSegment) &&
       TRAY_LIKELY(heap_free_own(unit_descriptor_of(reinterpret_cast<Segment*>(chunk << kSegmentShift), p), p)))
     return;
   free_slow(p);
+}
+
+// malloc and free. The same fast paths, unless a TRAY_VALGRIND or TRAY_ASAN build tells a tool
+// about each block (track.hpp).
+TRAY_INLINE void* alloc(size_t size) noexcept {
+  [[maybe_unused]] TrackScope scope;
+  return track_allocated(alloc_untracked(size), size, false);
+}
+
+TRAY_INLINE void dealloc(void* p) noexcept {
+  track_freeing(p);
+  [[maybe_unused]] TrackScope scope;
+  dealloc_untracked(p);
 }
 
 }  // namespace tray

@@ -5,6 +5,7 @@
 
 #include "alloc.hpp"
 #include "debug.hpp"
+#include "guard.hpp"
 #include "large.hpp"
 #include "options.hpp"
 #include "prof.hpp"
@@ -12,6 +13,7 @@
 #include "sample.hpp"
 #include "size_classes.hpp"
 #include "stats.hpp"
+#include "track.hpp"
 #include "traymalloc.h"
 
 namespace tray {
@@ -31,6 +33,55 @@ void free_foreign(void* p) {
   if (g_foreign.free != nullptr) g_foreign.free(p);
 }
 
+// Zeroes the first `size` bytes of a block just taken (they may still be poisoned for ASan).
+void zero_fill(void* p, size_t size) {
+  track_expose(p, size);
+  std::memset(p, 0, size);
+}
+
+void* aligned_untracked(size_t size, size_t alignment, bool zero) {
+  if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
+  if (alignment <= kNaturalAlignment) {
+    void* p = alloc_untracked(size < alignment ? alignment : size);
+    if (zero && p != nullptr) zero_fill(p, size);
+    return p;
+  }
+  // A class whose block size is a multiple of the alignment has every block aligned, since
+  // pages start on a unit boundary.
+  if (alignment <= kUnitBytes && size <= kMaxSmallBytes) {
+    for (unsigned c = size_class_of(size < alignment ? alignment : size); c < kSizeClassCount; ++c) {
+      if (class_size(c) % alignment != 0) continue;
+      void* p = heap_alloc_class(c, size);
+      if (zero && p != nullptr) zero_fill(p, size);
+      return p;
+    }
+  }
+  return alloc_slow(size, alignment, zero);
+}
+
+void* zeroed_untracked(size_t total) {
+  if (total > kMaxSmallBytes || TRAY_UNLIKELY(debug_mode())) return alloc_slow(total, 0, true);
+  void* p = heap_alloc_small(total);
+  if (p != nullptr) zero_fill(p, total);
+  return p;
+}
+
+// realloc in TRAY_VALGRIND and TRAY_ASAN builds: always a new block, since the tools could not
+// be told how far a block resized in place had been written.
+void* reallocate_by_copy(void* p, size_t size) {
+  const size_t old_usable = usable_size(p);
+  if (old_usable == 0) return out_of_memory();  // not a live block: leave it alone
+  void* fresh = alloc(size);
+  if (fresh == nullptr) return nullptr;
+  {
+    [[maybe_unused]] TrackScope scope;
+    track_expose(p, old_usable);
+    std::memcpy(fresh, p, size < old_usable ? size : old_usable);
+  }
+  dealloc(p);
+  return fresh;
+}
+
 }  // namespace
 
 void set_foreign_handlers(const ForeignHandlers& handlers) noexcept { g_foreign = handlers; }
@@ -39,7 +90,7 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
   if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) {
     void* p = heap_alloc_small(size);
-    if (zero && p != nullptr) std::memset(p, 0, size);
+    if (zero && p != nullptr) zero_fill(p, size);
     return p;
   }
   if (alignment < kNaturalAlignment) alignment = kNaturalAlignment;
@@ -62,6 +113,7 @@ void free_slow(void* p) noexcept {
     free_foreign(p);
     return;
   }
+  if (kind == kChunkGuard) return guard_free(p);
   LargeHeader* header = large_mapping_of(p, kind);
   if (header != nullptr && header->user == p) {
     if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
@@ -70,35 +122,20 @@ void free_slow(void* p) noexcept {
 }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {
-  if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
-  if (alignment <= kNaturalAlignment) {
-    void* p = alloc(size < alignment ? alignment : size);
-    if (zero && p != nullptr) std::memset(p, 0, size);
-    return p;
-  }
-  // A class whose block size is a multiple of the alignment has every block aligned, since
-  // pages start on a unit boundary.
-  if (alignment <= kUnitBytes && size <= kMaxSmallBytes) {
-    for (unsigned c = size_class_of(size < alignment ? alignment : size); c < kSizeClassCount; ++c) {
-      if (class_size(c) % alignment != 0) continue;
-      void* p = heap_alloc_class(c, size);
-      if (zero && p != nullptr) std::memset(p, 0, size);
-      return p;
-    }
-  }
-  return alloc_slow(size, alignment, zero);
+  [[maybe_unused]] TrackScope scope;
+  return track_allocated(aligned_untracked(size, alignment, zero), size, zero);
 }
 
 void* alloc_zeroed(size_t count, size_t size) noexcept {
   size_t total;
   if (__builtin_mul_overflow(count, size, &total)) return out_of_memory();
-  if (total > kMaxSmallBytes || TRAY_UNLIKELY(debug_mode())) return alloc_slow(total, 0, true);
-  void* p = heap_alloc_small(total);
-  if (p != nullptr) std::memset(p, 0, total);
-  return p;
+  [[maybe_unused]] TrackScope scope;
+  return track_allocated(zeroed_untracked(total), total, true);
 }
 
 void* reallocate(void* p, size_t size) noexcept {
+  if (kTrackBlocks && p != nullptr && size != 0 && chunk_kind(p) != kChunkForeign)
+    return reallocate_by_copy(p, size);
   if (TRAY_UNLIKELY(debug_mode())) return debug_realloc(p, size);
   if (p == nullptr) return alloc(size);
   if (size == 0) {  // glibc's answer: free, and return NULL
@@ -113,6 +150,10 @@ void* reallocate(void* p, size_t size) noexcept {
     if (size <= old_usable && size >= old_usable / 2) return p;
   } else if (kind == kChunkForeign) {
     return g_foreign.realloc != nullptr ? g_foreign.realloc(p, size) : out_of_memory();
+  } else if (kind == kChunkGuard) {
+    // Always moved: a block that grew or shrank in place would lose its guard page.
+    old_usable = guard_usable_size(p);
+    if (old_usable == 0) return out_of_memory();  // not a live block: leave it alone
   } else {
     LargeHeader* header = large_mapping_of(p, kind);
     if (header == nullptr || header->user != p) return out_of_memory();  // not a block
@@ -132,7 +173,7 @@ void* reallocate(void* p, size_t size) noexcept {
   return fresh;
 }
 
-size_t usable_size(const void* p) noexcept {
+size_t usable_size_untracked(const void* p) noexcept {
   if (TRAY_UNLIKELY(debug_mode())) return debug_usable_size(p);
   const uint8_t kind = chunk_kind(p);
   if (kind == kChunkSegment) return page_of(segment_of(p), p)->block_bytes;
@@ -140,11 +181,19 @@ size_t usable_size(const void* p) noexcept {
   if (kind == kChunkForeign) {
     return g_foreign.usable_size != nullptr ? g_foreign.usable_size(const_cast<void*>(p)) : 0;
   }
+  if (kind == kChunkGuard) return guard_usable_size(p);
   const LargeHeader* header = large_mapping_of(p, kind);
   return header != nullptr && header->user == p ? large_usable_size(header) : 0;
 }
 
+size_t usable_size(const void* p) noexcept {
+  const size_t usable = usable_size_untracked(p);
+  if (kTrackBlocks && usable != 0 && chunk_kind(p) != kChunkForeign) track_usable(p, usable);
+  return usable;
+}
+
 bool trim_all() noexcept {
+  [[maybe_unused]] TrackScope scope;  // purging reads the remote frees' links
   bool released = heap_trim();
   released |= segment_trim();
   released |= large_trim();
@@ -218,6 +267,7 @@ TRAY_EXPORT int tray_trim(void) { return trim_all() ? 1 : 0; }
 TRAY_EXPORT int tray_option_set(const char* name, const char* value) {
   const int result = option_set(name, value);
   if (result == 0 && option(Option::kDebug) != 0) debug_prepare();
+  if (result == 0 && option(Option::kGuardSample) != 0) guard_prepare();
   if (result == 0) {
     report_options_changed();
     sample_options_changed();

@@ -13,6 +13,7 @@
 #include "sample.hpp"
 #include "segment.hpp"
 #include "stats.hpp"
+#include "track.hpp"
 
 namespace tray {
 
@@ -248,7 +249,10 @@ Heap* heap_new_locked() {
   return heap;
 }
 
-void on_thread_exit(void* value) { heap_detach_thread(static_cast<Heap*>(value)); }
+void on_thread_exit(void* value) {
+  [[maybe_unused]] TrackScope scope;  // the remote frees' links lie in free blocks
+  heap_detach_thread(static_cast<Heap*>(value));
+}
 
 void fork_prepare() {
   heap_lock_for_fork();

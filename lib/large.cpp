@@ -292,7 +292,7 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
 }
 
 LargeHeader* large_mapping_of(const void* p, uint8_t chunk_kind) {
-  if (chunk_kind < kChunkLarge || chunk_kind == kChunkLargeFar) return nullptr;
+  if (chunk_kind < kChunkLarge || chunk_kind >= kChunkGuard) return nullptr;
   const uintptr_t chunk = align_down(reinterpret_cast<uintptr_t>(p), kSegmentBytes);
   auto* header =
       reinterpret_cast<LargeHeader*>(chunk - size_t(chunk_kind - kChunkLarge) * kSegmentBytes);

@@ -17,7 +17,7 @@ namespace tray {
 
 namespace {
 
-enum class Kind { kFlag, kChoice, kSignal, kPath, kBytes };
+enum class Kind { kFlag, kChoice, kSignal, kPath, kBytes, kCount };
 
 struct OptionSpec {
   const char* name;
@@ -42,6 +42,7 @@ constexpr OptionSpec kSpecs[] = {
     {"prof_file", Kind::kPath, 0, {}, false},
     {"prof_peak", Kind::kFlag, 0, {}, false},
     {"prof_leaks", Kind::kFlag, 0, {}, false},
+    {"guard_slots", Kind::kCount, 64, {}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 
@@ -124,6 +125,8 @@ int64_t parse_value(const OptionSpec& spec, const char* text, size_t length) {
       return length < kPathBytes ? int64_t(length) : -1;
     case Kind::kBytes:
       return parse_bytes(text, length);
+    case Kind::kCount:  // a plain decimal number: no suffix
+      return length > 0 && text[length - 1] >= '0' && text[length - 1] <= '9' ? parse_bytes(text, length) : -1;
   }
   return -1;
 }

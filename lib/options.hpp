@@ -27,6 +27,7 @@ enum class Option : unsigned {
   kProfFile,     // where heap profiles go ("" for stderr); %p: the pid, %n: the dump's number
   kProfPeak,     // 1: keep the profile of the highest live bytes, written at exit
   kProfLeaks,    // 1: report the sampled allocations still live at exit, by stack
+  kGuardSlots,   // guarded blocks kept at once, live or freed (read at the first guarded one)
   kCount,
 };
 

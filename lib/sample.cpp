@@ -3,6 +3,7 @@
 #include <bit>
 #include <climits>
 
+#include "guard.hpp"
 #include "options.hpp"
 #include "platform/os.hpp"
 #include "prof.hpp"
@@ -102,6 +103,9 @@ unsigned sample_take(Heap* heap) {
 }
 
 void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero) {
+  if (fired & kSamplerGuard) {
+    if (void* block = guard_alloc(size, alignment, zero); block != nullptr) return block;
+  }
   if (fired & kSamplerProf) return prof_alloc(size, alignment, zero);
   return nullptr;
 }

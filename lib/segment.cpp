@@ -6,6 +6,7 @@
 #include "core/assert.hpp"
 #include "platform/os.hpp"
 #include "stats.hpp"
+#include "track.hpp"
 
 namespace tray {
 
@@ -69,6 +70,7 @@ Segment* segment_map_new() {
 
 void segment_unmap(Segment* s) {
   chunk_map_clear(s, kSegmentBytes);
+  track_unmapped(s, kSegmentBytes);
   os::unmap(s, kSegmentBytes);
   count_sub(g_totals.segments_mapped, 1);
   count_sub(g_totals.bytes_mapped, kSegmentBytes);
@@ -154,9 +156,15 @@ void chunk_map_set(const void* base, size_t bytes, bool large) {
   const size_t count = div_ceil(bytes, kSegmentBytes);
   for (size_t k = 0; k < count; ++k) {
     uint8_t value = kChunkSegment;
-    if (large) value = k < size_t(kChunkLargeFar - kChunkLarge) ? uint8_t(kChunkLarge + k) : kChunkLargeFar;
+    if (large) value = k < size_t(kChunkGuard - kChunkLarge) ? uint8_t(kChunkLarge + k) : kChunkLargeFar;
     __atomic_store_n(&g_chunk_map[first + k], value, __ATOMIC_RELAXED);
   }
+}
+
+void chunk_map_set_guard(const void* base, size_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(base) >> kSegmentShift;
+  for (size_t k = 0; k < div_ceil(bytes, kSegmentBytes); ++k)
+    __atomic_store_n(&g_chunk_map[first + k], kChunkGuard, __ATOMIC_RELAXED);
 }
 
 void chunk_map_clear(const void* base, size_t bytes) {

@@ -21,7 +21,8 @@ inline constexpr size_t kChunkCount = size_t{1} << (kAddressBits - kSegmentShift
 inline constexpr uint8_t kChunkForeign = 0;
 inline constexpr uint8_t kChunkSegment = 1;
 inline constexpr uint8_t kChunkLarge = 2;      // 2 + k: the large header is k chunks back
-inline constexpr uint8_t kChunkLargeFar = 255; // deeper inside a large block than that
+inline constexpr uint8_t kChunkGuard = 254;    // the guarded slots' region (guard.hpp)
+inline constexpr uint8_t kChunkLargeFar = 255; // deeper inside a large block than kChunkGuard - 1
 
 // Every chunk marked as ours is ours to its last byte (large mappings span whole chunks), so an
 // entry changes only when we map or unmap that chunk. It is read when freeing a pointer into
@@ -47,6 +48,8 @@ TRAY_INLINE uint8_t chunk_kind(const void* p) {
 }
 
 void chunk_map_set(const void* base, size_t bytes, bool large);
+// Marks the guarded slots' region, for good (it is never unmapped).
+void chunk_map_set_guard(const void* base, size_t bytes);
 void chunk_map_clear(const void* base, size_t bytes);
 
 TRAY_INLINE Segment* segment_of(const void* p) {

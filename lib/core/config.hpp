@@ -99,5 +99,13 @@ inline constexpr size_t kProfLiveSlots = 65536;
 // last copy's by this share: the peak profile is within that share of the true peak, and a
 // heap growing from nothing to N bytes costs O(log N) copies.
 inline constexpr size_t kProfPeakStepPercent = 2;
+// Guarded sampling (guard.cpp): a sampled block of at most this many bytes gets a slot of its
+// own (rounded up to whole OS pages) between two inaccessible pages; larger ones are not guarded.
+inline constexpr size_t kGuardMaxBlockBytes = size_t{16} << 10;
+// Slots at most (guard_slots is clamped to it): the slot table is a static array, and each slot
+// takes kGuardMaxBlockBytes + a page of address space (resident only while a block is live).
+inline constexpr size_t kGuardMaxSlots = 1024;
+// Return addresses kept of each guarded block's allocation and of its free.
+inline constexpr unsigned kGuardStackFrames = 16;
 
 }  // namespace tray

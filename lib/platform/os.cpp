@@ -17,6 +17,36 @@
 
 #include "core/bits.hpp"
 
+#if TRAY_ASAN
+#include <sys/syscall.h>
+// In a program built with -fsanitize=address, ASan's runtime intercepts these C library
+// functions and, while it sets its interceptors up, calls our malloc (the loader allocates an
+// error message for each symbol it cannot find): an interceptor whose real function is not
+// known yet jumps to address 0. The system calls themselves are never intercepted.
+namespace {
+void* raw_mmap(void* a, size_t n, int prot, int flags, int fd, off_t off) {
+  return reinterpret_cast<void*>(syscall(SYS_mmap, a, n, prot, flags, fd, off));
+}
+void* raw_mremap(void* p, size_t old_bytes, size_t new_bytes, int flags, void* target = nullptr) {
+  return reinterpret_cast<void*>(syscall(SYS_mremap, p, old_bytes, new_bytes, flags, target));
+}
+int raw_munmap(void* p, size_t n) { return int(syscall(SYS_munmap, p, n)); }
+int raw_madvise(void* p, size_t n, int advice) { return int(syscall(SYS_madvise, p, n, advice)); }
+int raw_mprotect(void* p, size_t n, int prot) { return int(syscall(SYS_mprotect, p, n, prot)); }
+int raw_clock_gettime(clockid_t clock, timespec* ts) { return int(syscall(SYS_clock_gettime, clock, ts)); }
+ssize_t raw_getrandom(void* buffer, size_t n, unsigned flags) { return syscall(SYS_getrandom, buffer, n, flags); }
+ssize_t raw_write(int fd, const void* text, size_t n) { return syscall(SYS_write, fd, text, n); }
+}  // namespace
+#define mmap(...) raw_mmap(__VA_ARGS__)
+#define mremap(...) raw_mremap(__VA_ARGS__)
+#define munmap(...) raw_munmap(__VA_ARGS__)
+#define madvise(...) raw_madvise(__VA_ARGS__)
+#define mprotect(...) raw_mprotect(__VA_ARGS__)
+#define clock_gettime(...) raw_clock_gettime(__VA_ARGS__)
+#define getrandom(...) raw_getrandom(__VA_ARGS__)
+#define write(...) raw_write(__VA_ARGS__)
+#endif
+
 // Weak: a static executable then links without the C library's unwinder (and its dlopen),
 // and simply prints no backtrace.
 extern "C" int backtrace(void** frames, int count) __attribute__((weak));
@@ -117,6 +147,21 @@ void protect_none(void* p, size_t bytes) {
   mprotect(p, bytes, PROT_NONE);
   purge(p, bytes);
   errno = saved;
+}
+
+void protect_no_access(void* p, size_t bytes) {
+  const int saved = errno;
+  count_call(g_calls.mprotect);
+  mprotect(p, bytes, PROT_NONE);
+  errno = saved;
+}
+
+bool protect_read_write(void* p, size_t bytes) {
+  const int saved = errno;
+  count_call(g_calls.mprotect);
+  const bool done = mprotect(p, bytes, PROT_READ | PROT_WRITE) == 0;
+  errno = saved;
+  return done;
 }
 
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes) {
@@ -364,6 +409,57 @@ void write_backtrace(int fd) {
   const int count = backtrace(frames, 32);
   // Frame 0 is this function; the caller's frames are the report's own and stay useful.
   if (count > 1) backtrace_symbols_fd(frames + 1, count - 1, fd);
+}
+
+int capture_backtrace(void** frames, int max) {
+  if (!g_backtrace_ready.load(std::memory_order_acquire)) return 0;
+  const int count = backtrace(frames, max);
+  return count > 0 ? count : 0;
+}
+
+void write_frames(int fd, void* const* frames, int count) {
+  if (backtrace_symbols_fd != nullptr && count > 0) backtrace_symbols_fd(frames, count, fd);
+}
+
+namespace {
+void (*g_fault_hook)(void*) = nullptr;
+struct sigaction g_previous_fault_action;
+
+void on_fault(int signo, siginfo_t* info, void* context) {
+  const int saved = errno;
+  g_fault_hook(info->si_addr);
+  errno = saved;
+  const struct sigaction& previous = g_previous_fault_action;
+  if ((previous.sa_flags & SA_SIGINFO) != 0) {
+    if (previous.sa_sigaction != nullptr) previous.sa_sigaction(signo, info, context);
+    return;
+  }
+  if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+    previous.sa_handler(signo);
+    return;
+  }
+  // The default action, as if we had never been here. A real fault runs its instruction again
+  // on return and meets SIG_DFL; a SIGSEGV sent with kill() would not, so it is sent again (it
+  // stays blocked until this handler returns). SIG_IGN cannot stop a real fault either.
+  struct sigaction fallback;
+  memset(&fallback, 0, sizeof fallback);
+  fallback.sa_handler = SIG_DFL;
+  sigemptyset(&fallback.sa_mask);
+  sigaction(signo, &fallback, nullptr);
+  raise(signo);
+}
+}  // namespace
+
+bool set_fault_hook(void (*hook)(void* address)) {
+  if (g_fault_hook != nullptr) return true;
+  g_fault_hook = hook;
+  struct sigaction action;
+  memset(&action, 0, sizeof action);
+  action.sa_sigaction = on_fault;
+  // SA_ONSTACK: a program that handles stack overflows on an alternate stack keeps doing so.
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  return sigaction(SIGSEGV, &action, &g_previous_fault_action) == 0;
 }
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*)) {

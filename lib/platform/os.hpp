@@ -34,6 +34,11 @@ void unmap(void* p, size_t bytes);
 bool purge(void* p, size_t bytes);
 // Makes the range inaccessible (any touch faults) and gives its pages back to the OS.
 void protect_none(void* p, size_t bytes);
+// Makes the range inaccessible and keeps its pages (cheaper than protect_none when they will be
+// made accessible again soon).
+void protect_no_access(void* p, size_t bytes);
+// Makes the range readable and writable again (after reserve_aligned or protect_none).
+bool protect_read_write(void* p, size_t bytes);
 // Grows or shrinks a mapping without moving it; false if the neighbours are in the way.
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes);
 // Moves a mapping onto `target` (a reservation of at least new_bytes), without copying.
@@ -93,12 +98,40 @@ const char* symbol_of(const void* address, uintptr_t* offset, const char** file)
 void copy_file_to_fd(const char* path, int fd);
 // Creates or truncates `path` for writing (0644, close-on-exec); -errno on failure.
 int open_truncate(const char* path);
+// The caller's return addresses, innermost first, into frames[0, max): how many (0 before
+// prepare_backtrace). Never allocates once prepared.
+int capture_backtrace(void** frames, int max);
+// Frames from capture_backtrace, one a line, symbolised as write_backtrace does.
+void write_frames(int fd, void* const* frames, int count);
+
+// Runs hook(faulting address) first on every SIGSEGV. The hook returns when the fault is not
+// its business: the signal then goes to the handler installed before (a program's own), or
+// takes its default action (the process ends by SIGSEGV, as it would have without us).
+// Installed once; false if sigaction failed.
+bool set_fault_hook(void (*hook)(void* address));
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*));
 void thread_key_set(pthread_key_t key, const void* value);
 int register_atfork(void (*prepare)(), void (*parent)(), void (*child)());
 
 // A plain mutex for slow paths. Constant-initialised, so it works before any constructor.
+#if TRAY_ASAN
+// A spin lock in -DTRAY_ASAN=ON builds: ASan intercepts pthread_mutex_lock and calls malloc
+// before it knows the real one (see os.cpp).
+class Mutex {
+ public:
+  constexpr Mutex() = default;
+  Mutex(const Mutex&) = delete;
+  Mutex& operator=(const Mutex&) = delete;
+  void lock() {
+    while (locked_.exchange(true, std::memory_order_acquire)) yield_thread();
+  }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+#else
 class Mutex {
  public:
   constexpr Mutex() = default;
@@ -110,6 +143,7 @@ class Mutex {
  private:
   pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;
 };
+#endif
 
 class LockGuard {
  public:
