@@ -188,14 +188,7 @@ __attribute__((destructor)) void prof_at_exit() {
 
 void prof_options_changed() {
   if (option(Option::kProf) != 0) os::prepare_backtrace();
-  const int signo = int(option(Option::kProfSignal));
-  if (signo == g_installed_signal || signo == 0) return;
-  if (os::set_signal_handler(signo, dump_on_signal)) {
-    g_installed_signal = signo;
-  } else {
-    static constexpr char kWarning[] = "traymalloc: cannot install the prof_signal handler\n";
-    os::write_fd(STDERR_FILENO, kWarning, sizeof kWarning - 1);
-  }
+  install_signal_option(Option::kProfSignal, &g_installed_signal, dump_on_signal);
 }
 
 }  // namespace tray

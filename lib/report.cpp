@@ -202,15 +202,21 @@ bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpForm
   return true;
 }
 
-void report_options_changed() {
-  const int signo = int(option(Option::kStatsSignal));
-  if (signo == g_installed_signal || signo == 0) return;
-  if (os::set_signal_handler(signo, dump_on_signal)) {
-    g_installed_signal = signo;
+void install_signal_option(Option which, int* installed, void (*handler)(int)) {
+  const int signo = int(option(which));
+  if (signo == *installed || signo == 0) return;
+  if (os::set_signal_handler(signo, handler)) {
+    *installed = signo;
   } else {
-    static constexpr char kWarning[] = "traymalloc: cannot install the stats_signal handler\n";
-    os::write_fd(STDERR_FILENO, kWarning, sizeof kWarning - 1);
+    char storage[128];
+    TextBuffer warning(storage, sizeof storage);
+    warning.str("traymalloc: cannot install the handler of signal ").dec(uint64_t(signo)).chr('\n');
+    warning.write_to(STDERR_FILENO);
   }
+}
+
+void report_options_changed() {
+  install_signal_option(Option::kStatsSignal, &g_installed_signal, dump_on_signal);
 }
 
 }  // namespace tray

@@ -359,7 +359,7 @@ void prepare_backtrace() {
 int capture_stack(void** frames, int capacity) {
   if (!g_backtrace_ready.load(std::memory_order_acquire)) return 0;
   // Room for the allocator's own frames on top of the ones kept.
-  constexpr int kOwnFramesMax = 16;
+  constexpr int kOwnFramesMax = 8;
   void* raw[128];
   const int wanted = capacity + kOwnFramesMax < 128 ? capacity + kOwnFramesMax : 128;
   const int count = backtrace(raw, wanted);

@@ -191,6 +191,35 @@ TEST_F(ProfTest, PeakProfileIsTheHighestLiveMoment) {
   for (void* p : blocks) tray_free(p);
 }
 
+// Threads sample at once and free each other's sampled blocks, small and large (after a small
+// one: large requests are sampled by the heap a small one gives the thread), while another
+// thread dumps: the table ends empty and the counts add up.
+TEST_F(ProfTest, ThreadsSampleAndFreeEachOthersBlocks) {
+  const Profile before = dump();
+  constexpr int kThreads = 4, kBlocks = 2000;
+  std::vector<std::vector<void*>> blocks(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&blocks, t] {
+      for (int i = 0; i < kBlocks; ++i) blocks[t].push_back(tray_malloc(i % 100 == 50 ? 200000 : 24 + i % 500));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  threads.clear();
+  const Profile live = dump();
+  EXPECT_EQ(live.total.count - before.total.count, uint64_t{kThreads} * kBlocks);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&blocks, t] {
+      for (void* p : blocks[(t + 1) % kThreads]) tray_free(p);
+    });
+  }
+  const std::string concurrent = path_ + ".concurrent";
+  EXPECT_EQ(tray_prof_dump(concurrent.c_str()), 0);
+  for (std::thread& thread : threads) thread.join();
+  std::remove(concurrent.c_str());
+  EXPECT_EQ(dump().total.count, before.total.count);
+}
+
 TEST_F(ProfTest, DumpReportsTheFailedOpen) {
   EXPECT_EQ(tray_prof_dump("/nonexistent-directory/x.heap"), ENOENT);
 }

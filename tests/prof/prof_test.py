@@ -1,5 +1,5 @@
 """Heap profiles of real programs under libtraymalloc.so: the estimates of a program with known
-allocation sites (prof_sites), google-pprof's reading of the same profile, the peak profile, a
+allocation sites (prof_sites), google-pprof's and jeprof's reading of the same profile, the peak profile, a
 profile written on a signal, the leak report of a program that leaks from two known sites
 (prof_leaks), and tools/tray-prof on profiles of a Python interpreter.
 
@@ -76,11 +76,17 @@ class SitesTest(Case):
                 self.assert_near(sites[name]["count"], count, f"{profile} {name} count")
 
     def test_google_pprof_names_the_sites(self):
-        if shutil.which("google-pprof") is None:
-            self.skipTest("google-pprof missing (tools/install-deps installs google-perftools)")
+        self.check_pprof("google-pprof")
+
+    def test_jeprof_names_the_sites(self):
+        self.check_pprof("jeprof")
+
+    def check_pprof(self, reader):
+        if shutil.which(reader) is None:
+            self.skipTest(f"{reader} missing (tools/install-deps installs it)")
         api = self.dir / "api.heap"
         run([SITES, "sites", api], ["prof=1", "prof_sample=4k"])
-        text = subprocess.run(["google-pprof", "--text", str(SITES), str(api)], capture_output=True,
+        text = subprocess.run([reader, "--text", str(SITES), str(api)], capture_output=True,
                               text=True, timeout=240)
         self.assertEqual(text.returncode, 0, text.stderr)
         self.assertIn("Adjusting heap profiles for 1-in-4096 sampling rate", text.stderr)
@@ -92,7 +98,7 @@ class SitesTest(Case):
         for name in ("site_small", "site_medium", "site_large"):
             self.assertIn(name, megabytes, text.stdout)
             self.assert_near(megabytes[name] * 2**20, 16e6 if name != "site_medium" else 16.384e6,
-                             f"google-pprof {name}")
+                             f"{reader} {name}")
 
 
 class PeakTest(Case):
