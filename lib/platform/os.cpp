@@ -181,7 +181,8 @@ void inject_faults(unsigned kinds, uint64_t first, uint64_t count) {
   g_faults.counted.store(0, std::memory_order_relaxed);
   g_faults.injected.store(0, std::memory_order_relaxed);
   g_faults.first.store(first, std::memory_order_relaxed);
-  g_faults.last.store(first + count - 1, std::memory_order_relaxed);
+  const uint64_t last = count > UINT64_MAX - first ? UINT64_MAX : first + count - 1;
+  g_faults.last.store(last, std::memory_order_relaxed);
   if (count != 0) g_faults.kinds.store(kinds, std::memory_order_relaxed);
 }
 

@@ -256,7 +256,7 @@ void sweep_into(unsigned kinds, uint64_t count, SweepResult* out) {
   const uint64_t calls = os::fault_calls_counted();
   os::inject_faults(0, 0, 0);
   EXPECT_GT(calls, 0u) << "the workload should need the OS";
-  const uint64_t stride = tray_test::kThreadSanitizer ? 3 : 1;  // TSan: every third point
+  const uint64_t stride = tray_test::kThreadSanitizer ? 4 : 1;  // TSan: every fourth point
   for (uint64_t n = 1; n <= calls + 2; n += stride) {
     tray_trim();
     {
@@ -287,7 +287,7 @@ TEST(FaultInjection, EachSingleFailureSurfacesOrIsAbsorbed) {
   const SweepResult r = sweep(kAllCalls, 1);
   printf("single failures: %llu points, %llu calls failed, %llu allocations returned NULL\n",
          (unsigned long long)r.points, (unsigned long long)r.injected, (unsigned long long)r.surfaced);
-  EXPECT_GT(r.injected, 10u);
+  EXPECT_GE(r.injected, r.points / 2) << "most points up to the clean run's count fail a call";
   EXPECT_GT(r.surfaced, 0u) << "a refused mmap must reach the caller";
 }
 

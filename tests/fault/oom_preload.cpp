@@ -279,8 +279,8 @@ int scenario_oom() {
 
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 3;
-  alarm(kAlarmSeconds);
   for (int round = 0; round < rounds; ++round) {
+    alarm(kAlarmSeconds);  // per round, so that long runs (many rounds) are bounded the same
     if (scenario_fork() != 0 || scenario_oom() != 0) {
       fprintf(stderr, "oom_preload: round %d failed\n", round);
       return 1;
