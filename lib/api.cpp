@@ -94,6 +94,8 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
     return p;
   }
   if (alignment < kNaturalAlignment) alignment = kNaturalAlignment;
+  // Before the sampling countdown: an impossible size would overflow it.
+  if (size > kMaxRequestBytes) return out_of_memory();
   if (Heap* heap = tls_own_heap; heap != nullptr) {
     if (void* sampled = sample_large(heap, size, alignment, zero); sampled != nullptr) return sampled;
   }

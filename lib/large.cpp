@@ -284,9 +284,6 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   header->used_bytes = used_bytes;
   header->prof_sampled = 0;  // a header cut from a cached mapping lies on old block bytes
   header->alignment = alignment;
-  // Whatever path the mapping came by (a cached tail's header lies in an old block's data),
-  // the block starts unsampled; prof marks it after this returns.
-  header->prof_sampled = 0;
   header->user = base_of(header) + offset;
   header->requested = size;
   count_add(g_totals.large_allocations, 1);

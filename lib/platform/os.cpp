@@ -141,28 +141,25 @@ bool purge(void* p, size_t bytes) {
   return purged;
 }
 
-void protect_none(void* p, size_t bytes) {
+namespace {
+// mprotect, counted, leaving errno as it was (free() must not change it).
+bool protect(void* p, size_t bytes, int prot) {
   const int saved = errno;
   count_call(g_calls.mprotect);
-  mprotect(p, bytes, PROT_NONE);
-  purge(p, bytes);
-  errno = saved;
-}
-
-void protect_no_access(void* p, size_t bytes) {
-  const int saved = errno;
-  count_call(g_calls.mprotect);
-  mprotect(p, bytes, PROT_NONE);
-  errno = saved;
-}
-
-bool protect_read_write(void* p, size_t bytes) {
-  const int saved = errno;
-  count_call(g_calls.mprotect);
-  const bool done = mprotect(p, bytes, PROT_READ | PROT_WRITE) == 0;
+  const bool done = mprotect(p, bytes, prot) == 0;
   errno = saved;
   return done;
 }
+}  // namespace
+
+void protect_none(void* p, size_t bytes) {
+  protect(p, bytes, PROT_NONE);
+  purge(p, bytes);
+}
+
+void protect_no_access(void* p, size_t bytes) { protect(p, bytes, PROT_NONE); }
+
+bool protect_read_write(void* p, size_t bytes) { return protect(p, bytes, PROT_READ | PROT_WRITE); }
 
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes) {
   count_call(g_calls.mremap);
