@@ -88,7 +88,7 @@ uintptr_t first_changed(uintptr_t from, uintptr_t to) {
 
 void capture(Stack& stack) {
   stack.thread = os::thread_id();
-  stack.depth = os::capture_backtrace(stack.frames, int(kGuardStackFrames));
+  stack.depth = os::capture_stack(stack.frames, int(kGuardStackFrames));
 }
 
 void write_stack(TextBuffer& text, const char* what, const Stack& stack) {

@@ -409,12 +409,6 @@ void write_backtrace(int fd) {
   if (count > 1) backtrace_symbols_fd(frames + 1, count - 1, fd);
 }
 
-int capture_backtrace(void** frames, int max) {
-  if (!g_backtrace_ready.load(std::memory_order_acquire)) return 0;
-  const int count = backtrace(frames, max);
-  return count > 0 ? count : 0;
-}
-
 void write_frames(int fd, void* const* frames, int count) {
   if (backtrace_symbols_fd != nullptr && count > 0) backtrace_symbols_fd(frames, count, fd);
 }

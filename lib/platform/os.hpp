@@ -98,10 +98,7 @@ const char* symbol_of(const void* address, uintptr_t* offset, const char** file)
 void copy_file_to_fd(const char* path, int fd);
 // Creates or truncates `path` for writing (0644, close-on-exec); -errno on failure.
 int open_truncate(const char* path);
-// The caller's return addresses, innermost first, into frames[0, max): how many (0 before
-// prepare_backtrace). Never allocates once prepared.
-int capture_backtrace(void** frames, int max);
-// Frames from capture_backtrace, one a line, symbolised as write_backtrace does.
+// Frames from capture_stack, one a line, symbolised as write_backtrace does.
 void write_frames(int fd, void* const* frames, int count);
 
 // Runs hook(faulting address) first on every SIGSEGV. The hook returns when the fault is not
