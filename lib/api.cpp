@@ -7,6 +7,7 @@
 #include "debug.hpp"
 #include "large.hpp"
 #include "options.hpp"
+#include "purger.hpp"
 #include "report.hpp"
 #include "size_classes.hpp"
 #include "stats.hpp"
@@ -57,8 +58,12 @@ void free_slow(void* p) noexcept {
     return;
   }
   LargeHeader* header = large_mapping_of(p, kind);
-  if (header != nullptr && header->user == p) large_free(header);
-  else count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
+  if (header != nullptr && header->user == p) {
+    large_free(header);
+    purger_poll();  // a program that only frees large blocks starts the purger here
+  } else {
+    count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
+  }
 }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {

@@ -51,6 +51,9 @@ const Heap* heap_list();
 void heap_detach_thread(Heap* heap);
 // Returns empty pages: of the calling thread's heap, and of parked heaps. True if any.
 bool heap_trim();
+// The idle purger's look at parked heaps: gives back their empty pages once due, and says
+// when the next ones will be (kNeverMs: none waiting).
+uint64_t heap_collect_idle();
 // fork(): the heaps lock, and in the child, heaps of threads that do not exist there.
 void heap_lock_for_fork();
 void heap_unlock_after_fork();

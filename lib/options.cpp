@@ -17,7 +17,7 @@ namespace tray {
 
 namespace {
 
-enum class Kind { kFlag, kChoice, kSignal, kPath };
+enum class Kind { kFlag, kChoice, kSignal, kPath, kSeconds };
 
 struct OptionSpec {
   const char* name;
@@ -34,10 +34,13 @@ constexpr OptionSpec kSpecs[] = {
     {"stats_signal", Kind::kSignal, 0, {}, false},
     {"debug", Kind::kFlag, 0, {}, true},
     {"debug_abort", Kind::kFlag, 1, {}, false},
+    {"purge_thread", Kind::kFlag, 1, {}, false},
+    {"stats_interval", Kind::kSeconds, 0, {}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 
 constexpr size_t kPathBytes = 512;
+constexpr int64_t kMaxSeconds = 1'000'000;
 
 std::atomic<int64_t> g_values[unsigned(Option::kCount)];
 std::atomic<bool> g_fixed[unsigned(Option::kCount)];  // read by the allocator: no more changes
@@ -76,6 +79,15 @@ int64_t parse_value(const OptionSpec& spec, const char* text, size_t length) {
       return os::signal_number(text, length) != 0 ? os::signal_number(text, length) : -1;
     case Kind::kPath:
       return length < kPathBytes ? int64_t(length) : -1;
+    case Kind::kSeconds: {
+      int64_t seconds = 0;
+      for (size_t i = 0; i < length; ++i) {
+        if (text[i] < '0' || text[i] > '9') return -1;
+        seconds = seconds * 10 + (text[i] - '0');
+        if (seconds > kMaxSeconds) return -1;
+      }
+      return length > 0 ? seconds : -1;
+    }
   }
   return -1;
 }

@@ -19,6 +19,8 @@ enum class Option : unsigned {
   kStatsSignal,  // signal number that triggers a dump; 0 for none
   kDebug,        // 1: debug mode (fills, checks); fixed once the allocator has started
   kDebugAbort,   // 1: a debug error aborts the process; 0: report, count and go on
+  kPurgeThread,  // 1: a helper thread gives memory back once its delay runs out (purger.hpp)
+  kStatsInterval,  // seconds between periodic dumps (on the purger's thread); 0 for none
   kCount,
 };
 

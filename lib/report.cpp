@@ -8,6 +8,7 @@
 #include "large.hpp"
 #include "options.hpp"
 #include "platform/os.hpp"
+#include "purger.hpp"
 #include "size_classes.hpp"
 #include "stats.hpp"
 #include "stats_print.hpp"
@@ -142,8 +143,10 @@ bool expand_path(const char* pattern, char* out, size_t capacity) {
   return true;
 }
 
-// A dump where the options say: stats_file (appended: one dump after another), else stderr.
-void dump(const char* reason) {
+}  // namespace
+
+// stats_file is appended to: one dump after another.
+void stats_dump_as_configured(const char* reason) {
   int fd = g_dump_fd;
   bool opened = false;
   const char* pattern = option_stats_file();
@@ -163,7 +166,9 @@ void dump(const char* reason) {
   if (opened) os::close_fd(fd);
 }
 
-void dump_on_signal(int) { dump("signal"); }
+namespace {
+
+void dump_on_signal(int) { stats_dump_as_configured("signal"); }
 
 __attribute__((constructor)) void stats_at_start() {
   os::register_atfork(nullptr, nullptr, reset_after_fork);
@@ -176,7 +181,7 @@ __attribute__((constructor)) void stats_at_start() {
 
 // Runs at exit (and at dlclose, which -z nodelete rules out for the .so).
 __attribute__((destructor)) void stats_at_exit() {
-  if (option(Option::kStats) != 0) dump("exit");
+  if (option(Option::kStats) != 0) stats_dump_as_configured("exit");
 }
 
 }  // namespace
@@ -204,6 +209,7 @@ bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpForm
 }
 
 void report_options_changed() {
+  if (option(Option::kStatsInterval) > 0) purger_notify();
   const int signo = int(option(Option::kStatsSignal));
   if (signo == g_installed_signal || signo == 0) return;
   if (os::set_signal_handler(signo, dump_on_signal)) {

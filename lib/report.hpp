@@ -14,7 +14,9 @@ enum class DumpFormat { kText, kJson, kMallocInfoXml };
 // take turns, so their pieces never mix in a shared file; a dump asked for by a signal handler
 // that interrupted its own thread's dump is dropped (false).
 bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format);
-// Applies stats_signal after tray_option_set changed it.
+// A dump where the options say (stats_file or stderr, stats_format).
+void stats_dump_as_configured(const char* reason);
+// Applies stats_signal and stats_interval after tray_option_set changed them.
 void report_options_changed();
 
 }  // namespace tray

@@ -38,6 +38,9 @@ inline constexpr uint64_t kPurgeDelayMs = 200;
 // a request whose blocks all die together); the share keeps bigger heaps just as fast.
 inline constexpr size_t kDirtyFloorBytes = size_t{64} << 20;
 inline constexpr size_t kDirtyPercentOfInUse = 25;
+// The idle purger (purger.cpp) sleeps until the next delay runs out, plus this much: the clock
+// it reads is coarse (a few ms), and waking early finds nothing due and sleeps again.
+inline constexpr uint64_t kPurgerLateMs = 10;
 // Fully empty segments kept mapped (their units purged) to save a later mmap.
 inline constexpr size_t kSegmentCacheCount = 4;
 
