@@ -41,6 +41,7 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
     if (zero && p != nullptr) std::memset(p, 0, size);
     return p;
   }
+  heap_exchange_remote();
   void* p = large_alloc(size, alignment > kNaturalAlignment ? alignment : kNaturalAlignment, zero);
   return p != nullptr ? p : out_of_memory();
 }

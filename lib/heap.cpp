@@ -11,6 +11,7 @@
 #include "platform/os.hpp"
 #include "purger.hpp"
 #include "segment.hpp"
+#include "sparse.hpp"
 #include "stats.hpp"
 
 namespace tray {
@@ -50,6 +51,7 @@ void queue_changed(Heap* heap, unsigned c) {
   if (old != &g_empty_page) --old->used;
   if (head != &g_empty_page) {
     ++head->used;
+    head->warm = true;
     if (head->retained) {  // back in use
       head->retained = false;
       heap->retained_bytes -= size_t(head->unit_count) * kUnitBytes;
@@ -208,6 +210,7 @@ Page* find_page(Heap* heap, unsigned c) {
   for (Page* page = heap->queues[c].head; page != nullptr;) {
     Page* next = page->next;
     if (page->free == nullptr && page_can_extend(page)) page_extend(page);
+    if (page->free == nullptr) sparse_refill(page);
     if (page->free != nullptr) {
       if (page != heap->queues[c].head) {
         queue_remove(heap, page);
@@ -225,6 +228,7 @@ Page* find_page(Heap* heap, unsigned c) {
   // that would send batches of two or three, one compare-and-swap each.
   flush_outgoing(heap);
   maybe_collect_parked();
+  sparse_pass(heap, false);
   // The class grows: a moment when its live count is at a high.
   heap_sample_peak(c);
   Page* page = page_acquire(heap, c);
@@ -437,9 +441,18 @@ bool heap_trim() {
   if (Heap* own = tls_own_heap; own != nullptr) {
     flush_outgoing(own);
     released |= release_empty_pages(own);
+    released |= sparse_pass(own, true);
   }
   collect_parked(true, &released);
   return released;
+}
+
+void heap_exchange_remote() noexcept {
+  Heap* heap = tls_own_heap;
+  if (heap == nullptr || debug_mode()) return;
+  flush_outgoing(heap);
+  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) drain_remote(heap);
+  sparse_pass(heap, false);
 }
 
 uint64_t heap_collect_idle() {

@@ -41,6 +41,10 @@ void heap_count_free(Heap* self, const Page* page) noexcept;
 // &g_empty_heap): locally if self owns the page, else to the owner heap.
 void heap_free_block(Heap* self, Page* page, Block* block) noexcept;
 
+// For a thread that is busy with large blocks and may not need a page for a long time: sends
+// the blocks it freed into other heaps, and takes in those freed into its own, so that pages
+// emptied by other threads go back to the pool.
+void heap_exchange_remote() noexcept;
 // Gives the calling thread a heap (a parked one if any); nullptr when out of memory.
 Heap* heap_attach_thread();
 // Adds the heaps' live-block counts of the class up and raises its recorded peak.

@@ -60,6 +60,7 @@ Segment* segment_map_new() {
   s->next = s->prev = nullptr;
   for (auto& page : s->pages) new (&page) Page();
   for (auto& states : s->debug_states) states = nullptr;
+  for (auto& bits : s->sparse_purged) bits = 0;
   for (auto& offset : s->page_offset) offset = page_offset_of(0);
   chunk_map_set(s, kSegmentBytes, false);
   count_add(g_totals.segments_mapped, 1);

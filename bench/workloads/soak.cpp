@@ -4,7 +4,8 @@
 // one per phase: small (8 B - 256 B), medium (256 B - 16 KiB), large (16 KiB - 1.2 MiB) and
 // mixed (8 B - 1.2 MiB), 24 phases by default. One replacement in 8 hands the old block to
 // the next thread, which adopts it into its own live set, so blocks die on threads other
-// than the one that made them. Then every block is freed and the program sleeps (2 s).
+// than the one that made them. Then every block is freed, the threads end and the program
+// sleeps (2 s).
 //
 // Measured: RSS over live bytes, where live bytes are the requested sizes of the blocks held
 // plus the resident part of the workload's own index of them (16 B a block, outside malloc).
@@ -361,12 +362,10 @@ int main(int argc, char** argv) {
   const workload::Stopwatch stopwatch;
   std::atomic<int> phase{0};
   std::atomic<bool> done{false};
-  std::atomic<bool> idle_over{false};
   std::atomic<uint64_t> ops{0};
   auto band_of = [](int index) { return kBands[size_t(index) % std::size(kBands)]; };
   // Runs on the last thread to reach the barrier, the others waiting: a quiet moment.
   auto phase_end = [&]() noexcept {
-    if (done.load()) return;  // the barrier after the final free
     const int ended = phase.load();
     for (auto& worker : workers) worker->trim_index();
     recorder.sample("phase_end", ended, band_of(ended).name);
@@ -385,9 +384,6 @@ int main(int argc, char** argv) {
       }
       // Every thread is past its last phase: nothing is handed over any more.
       workers[i]->free_everything();
-      sync.arrive_and_wait();
-      // A server's threads stay: their heaps are not handed back by a thread exit.
-      while (!idle_over.load()) std::this_thread::sleep_for(kSampleEvery);
     });
   }
   // Samples while the threads run; the barrier's completion adds one at each phase's end.
@@ -396,8 +392,10 @@ int main(int argc, char** argv) {
     const int current = phase.load();
     if (!done.load()) recorder.sample("tick", current, band_of(current).name);
   }
-  // The threads' final frees, then the idle time.
-  while (g_live_bytes.load() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The threads free everything and end, as a program's workers do when its work is done
+  // (an allocator cannot take back blocks that a thread which sleeps on has not yet taken in
+  // from other threads); then the idle time.
+  for (std::thread& t : pool) t.join();
   const double seconds = stopwatch.seconds();
   recorder.sample("freed", -1, "");
   const workload::Stopwatch idle;
@@ -406,8 +404,6 @@ int main(int argc, char** argv) {
     recorder.sample("idle", -1, "");
   }
   const size_t rss_idle = resident_bytes();
-  idle_over.store(true);
-  for (std::thread& t : pool) t.join();
 
   unsigned worst_index = 0;
   const double worst = recorder.worst_phase(&worst_index);

@@ -104,18 +104,19 @@ TEST(Rss, SmallBlocksAreReturnedWhenIdle) {
 TEST(Rss, LargeBlocksAreReturnedWhenIdle) {
   ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
   const size_t before = tray_test::resident_bytes();
-  constexpr size_t kCount = tray::kLargeCacheFloorBytes / kLargeBlockBytes / 2;
-  void* blocks[kCount];
+  constexpr size_t kBytes = tray::kLargeCacheFloorBytes / 4;
+  void* blocks[2];
   for (void*& p : blocks) {
-    p = tray_malloc(kLargeBlockBytes);
+    p = tray_malloc(kBytes);
     ASSERT_NE(p, nullptr);
-    std::memset(p, 0x55, kLargeBlockBytes);
+    std::memset(p, 0x55, kBytes);
   }
   for (void* p : blocks) tray_free(p);
   std::this_thread::sleep_for(kIdleWait);
   const size_t after = tray_test::resident_bytes();
 
   EXPECT_EQ(tray_test::stats_now().large.cached_blocks, 0u);
+  EXPECT_EQ(tray_test::stats_now().large.cached_bytes, 0u);
   if (tray_test::kResidentBoundsHold) {
     EXPECT_LE(after, before + tray_test::rss_slack(before))
         << "resident before " << before / kMiB << " MiB, after " << after / kMiB << " MiB";
