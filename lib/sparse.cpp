@@ -1,8 +1,7 @@
 #include "sparse.hpp"
 
-#include <bit>
-
 #include "core/assert.hpp"
+#include "core/bits.hpp"
 #include "core/config.hpp"
 #include "options.hpp"
 #include "platform/os.hpp"
@@ -85,7 +84,7 @@ Block* block_at(const Page* page, size_t i) {
 size_t purged_bytes(const Page* page, Geometry g) {
   size_t count = 0;
   const uint16_t* words = purged_words(page);
-  for (unsigned u = 0; u < page->unit_count; ++u) count += size_t(std::popcount(words[u]));
+  for (unsigned u = 0; u < page->unit_count; ++u) count += popcount64(words[u]);
   return count * g.os_page;
 }
 
