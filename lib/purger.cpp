@@ -16,6 +16,12 @@ constinit std::atomic<PurgerState> g_purger_state{PurgerState::kNone};
 
 namespace {
 
+#if defined(TRAY_TSAN)
+constexpr bool kTsan = true;
+#else
+constexpr bool kTsan = false;
+#endif
+
 std::atomic<uint32_t> g_wake{0};      // bumped to end the thread's sleep early
 std::atomic<bool> g_sleeping{false};  // the thread sleeps, or is about to, with no deadline
 std::atomic<bool> g_fork_handler_set{false};
@@ -65,10 +71,14 @@ void purger_main() {
   }
 }
 
-// The child of a fork has only the thread that forked.
+// The child of a fork has only the thread that forked. ThreadSanitizer kills a child that
+// starts a thread after a multi-threaded fork, so under it the child does without (its memory
+// goes back on its own calls, as with purge_thread=0).
 void purger_after_fork_child() {
   const PurgerState state = g_purger_state.load(std::memory_order_relaxed);
-  if (state == PurgerState::kRunning || state == PurgerState::kStarting)
+  if (kTsan)
+    g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
+  else if (state == PurgerState::kRunning || state == PurgerState::kStarting)
     g_purger_state.store(PurgerState::kWanted, std::memory_order_relaxed);
   g_sleeping.store(false, std::memory_order_relaxed);
   g_next_dump_ms = 0;

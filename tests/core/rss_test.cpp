@@ -137,6 +137,7 @@ TEST(Rss, WithoutPurgeThreadIdleMemoryStays) {
 
 // The child of a fork has no purger thread: it must start its own.
 TEST(Rss, ForkedChildReturnsMemoryWhenIdle) {
+  if (tray_test::kThreadSanitizer) GTEST_SKIP() << "TSan kills a forked child that starts a thread";
   ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
   ASSERT_NO_FATAL_FAILURE(small_block_burst(tray::kHeapRetainedBytes * 8));  // starts the purger
   const pid_t child = fork();
