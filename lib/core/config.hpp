@@ -67,10 +67,11 @@ inline constexpr size_t kHeapRetainedBytes = size_t{1} << 20;
 // larger of a floor and a share of the bytes of live large blocks (a program that replaces
 // big buffers all the time then reuses their pages instead of faulting in new ones)...
 inline constexpr size_t kLargeCacheCount = 64;
-inline constexpr size_t kLargeCacheFloorBytes = size_t{8} << 20;
+inline constexpr size_t kLargeCacheFloorBytes = size_t{64} << 20;
 inline constexpr size_t kLargeCacheLivePercent = 100;
-// ...each for at most this long.
-inline constexpr uint64_t kLargeCacheDelayMs = 1000;
+// ...each for at most this long: reuse in a loop comes within milliseconds, while a program
+// whose large blocks went out of use should not keep them for a phase of other sizes.
+inline constexpr uint64_t kLargeCacheDelayMs = 500;
 // A reused mapping keeps touched pages past the block's end only up to 1/kLargeCacheFitRatio
 // of the block; the rest goes back to the OS.
 inline constexpr size_t kLargeCacheFitRatio = 2;
