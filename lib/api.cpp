@@ -9,6 +9,7 @@
 #include "large.hpp"
 #include "options.hpp"
 #include "prof.hpp"
+#include "purger.hpp"
 #include "report.hpp"
 #include "sample.hpp"
 #include "size_classes.hpp"
@@ -99,6 +100,7 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   if (Heap* heap = tls_own_heap; heap != nullptr) {
     if (void* sampled = sample_large(heap, size, alignment, zero); sampled != nullptr) return sampled;
   }
+  heap_exchange_remote();
   void* p = large_alloc(size, alignment, zero);
   return p != nullptr ? p : out_of_memory();
 }
@@ -120,7 +122,10 @@ void free_slow(void* p) noexcept {
   if (header != nullptr && header->user == p) {
     if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
     large_free(header);
-  } else count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
+    purger_poll();  // a program that only frees large blocks starts the purger here
+  } else {
+    count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
+  }
 }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {

@@ -10,8 +10,10 @@
 #include "page.hpp"
 #include "platform/os.hpp"
 #include "prof.hpp"
+#include "purger.hpp"
 #include "sample.hpp"
 #include "segment.hpp"
+#include "sparse.hpp"
 #include "stats.hpp"
 #include "track.hpp"
 
@@ -52,6 +54,7 @@ void queue_changed(Heap* heap, unsigned c) {
   if (old != &g_empty_page) --old->used;
   if (head != &g_empty_page) {
     ++head->used;
+    head->warm = true;
     if (head->retained) {  // back in use
       head->retained = false;
       heap->retained_bytes -= size_t(head->unit_count) * kUnitBytes;
@@ -167,9 +170,10 @@ bool release_empty_pages(Heap* heap) {
 }
 
 // Parked heaps get no slow path of their own: remote frees into them would wait for the next
-// thread to start. Threads that need a page take them back now and then, and give back the
-// empty pages of heaps that no thread adopted within kPurgeDelayMs.
-bool collect_parked(bool every_heap) {
+// thread to start. Threads that need a page (and the idle purger) take them back now and then,
+// and give back the empty pages of heaps that no thread adopted within kPurgeDelayMs. Returns
+// when a parked heap's retained pages will be due, or kNeverMs.
+uint64_t collect_parked(bool every_heap, bool* released) {
   const uint64_t now = os::now_ms();
   Heap* taken;
   {
@@ -177,19 +181,20 @@ bool collect_parked(bool every_heap) {
     taken = g_parked;
     g_parked = nullptr;
   }
-  if (taken == nullptr) return false;
-  bool released = false;
+  if (taken == nullptr) return kNeverMs;
+  uint64_t due = kNeverMs;
   Heap* last = taken;
   for (Heap* heap = taken; heap != nullptr; heap = heap->next_abandoned) {
     if (every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr ||
         (heap->retained_bytes != 0 && now - heap->parked_ms >= kPurgeDelayMs))
-      released |= release_empty_pages(heap);
+      *released |= release_empty_pages(heap);
+    if (heap->retained_bytes != 0) due = std::min(due, heap->parked_ms + kPurgeDelayMs);
     last = heap;
   }
   os::LockGuard guard(g_heaps_lock);
   last->next_abandoned = g_parked;
   g_parked = taken;
-  return released;
+  return due;
 }
 
 void maybe_collect_parked() {
@@ -198,7 +203,8 @@ void maybe_collect_parked() {
   uint64_t last = g_last_collect_ms.load(std::memory_order_relaxed);
   if (now - last < kPurgeDelayMs) return;
   if (!g_last_collect_ms.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
-  collect_parked(false);
+  bool released = false;
+  collect_parked(false, &released);
 }
 
 // The queue's first page with a block to give, floating the full ones it passes: a full page
@@ -207,6 +213,7 @@ Page* find_page(Heap* heap, unsigned c) {
   for (Page* page = heap->queues[c].head; page != nullptr;) {
     Page* next = page->next;
     if (page->free == nullptr && page_can_extend(page)) page_extend(page);
+    if (page->free == nullptr) sparse_refill(page);
     if (page->free != nullptr) {
       if (page != heap->queues[c].head) {
         queue_remove(heap, page);
@@ -224,6 +231,7 @@ Page* find_page(Heap* heap, unsigned c) {
   // that would send batches of two or three, one compare-and-swap each.
   flush_outgoing(heap);
   maybe_collect_parked();
+  sparse_pass(heap, false);
   // The class grows: a moment when its live count is at a high.
   heap_sample_peak(c);
   Page* page = page_acquire(heap, c);
@@ -295,7 +303,10 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
     }
   }
   if (void* sampled = sample_small_slow(heap, size_class, size); sampled != nullptr) return sampled;
-  return heap_refill_pop(heap, size_class, size);
+  void* block = heap_refill_pop(heap, size_class, size);
+  // Not in heap_refill_pop, which prof calls under its lock: the purger's start allocates.
+  purger_poll();  // the heap is consistent again and no lock is held
+  return block;
 }
 
 void* heap_refill_pop(Heap* heap, unsigned size_class, size_t size) noexcept {
@@ -323,6 +334,7 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
       heap->retained_bytes += bytes;
     } else {
       release_page(heap, page);
+      purger_poll();  // the page is gone and no lock is held
     }
   }
 }
@@ -413,11 +425,16 @@ void heap_detach_thread(Heap* heap) {
   if (tls_own_heap == heap) tls_own_heap = nullptr;
   count_sub(g_totals.threads_attached, 1);
   count_add(g_totals.threads_exited, 1);
-  os::LockGuard guard(g_heaps_lock);
-  heap->parked_ms = os::now_ms();
-  heap->next_abandoned = g_parked;
-  g_parked = heap;
-  count_add(g_totals.heaps_abandoned, 1);
+  // Read before parking: from then on the next thread to start may own the heap.
+  const bool holds_pages = heap->retained_bytes != 0;
+  {
+    os::LockGuard guard(g_heaps_lock);
+    heap->parked_ms = os::now_ms();
+    heap->next_abandoned = g_parked;
+    g_parked = heap;
+    count_add(g_totals.heaps_abandoned, 1);
+  }
+  if (holds_pages) purger_notify();
 }
 
 void heap_sample_peak(unsigned size_class) {
@@ -443,9 +460,24 @@ bool heap_trim() {
   if (Heap* own = tls_own_heap; own != nullptr) {
     flush_outgoing(own);
     released |= release_empty_pages(own);
+    released |= sparse_pass(own, true);
   }
-  released |= collect_parked(true);
+  collect_parked(true, &released);
   return released;
+}
+
+void heap_exchange_remote() noexcept {
+  Heap* heap = tls_own_heap;
+  if (heap == nullptr || debug_mode()) return;
+  flush_outgoing(heap);
+  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) drain_remote(heap);
+  sparse_pass(heap, false);
+}
+
+uint64_t heap_collect_idle() {
+  if (g_totals.heaps_abandoned.load(std::memory_order_relaxed) == 0) return kNeverMs;
+  bool released = false;
+  return collect_parked(false, &released);
 }
 
 void heap_lock_for_fork() { g_heaps_lock.lock(); }

@@ -47,6 +47,10 @@ void heap_free_block(Heap* self, Page* page, Block* block) noexcept;
 // A heap of no thread (in the list of heaps, so the statistics count it); nullptr when out of
 // memory. Its user allocates from it under a lock of its own; frees reach it as remote frees.
 Heap* heap_create_unowned();
+// For a thread that is busy with large blocks and may not need a page for a long time: sends
+// the blocks it freed into other heaps, and takes in those freed into its own, so that pages
+// emptied by other threads go back to the pool.
+void heap_exchange_remote() noexcept;
 // Gives the calling thread a heap (a parked one if any); nullptr when out of memory.
 Heap* heap_attach_thread();
 // Adds the heaps' live-block counts of the class up and raises its recorded peak.
@@ -57,6 +61,9 @@ const Heap* heap_list();
 void heap_detach_thread(Heap* heap);
 // Returns empty pages: of the calling thread's heap, and of parked heaps. True if any.
 bool heap_trim();
+// The idle purger's look at parked heaps: gives back their empty pages once due, and says
+// when the next ones will be (kNeverMs: none waiting).
+uint64_t heap_collect_idle();
 // fork(): the heaps lock, and in the child, heaps of threads that do not exist there.
 void heap_lock_for_fork();
 void heap_unlock_after_fork();

@@ -7,6 +7,7 @@
 #include "core/bits.hpp"
 #include "core/config.hpp"
 #include "platform/os.hpp"
+#include "purger.hpp"
 #include "segment.hpp"
 #include "stats.hpp"
 
@@ -214,6 +215,7 @@ bool cache_put(LargeHeader* header) {
     publish_cache_usage();
   }
   for (size_t i = 0; i < evicted_count; ++i) unmap_mapping(evicted[i]);
+  if (cached) purger_notify();
   return cached;
 }
 
@@ -361,6 +363,21 @@ bool large_trim() {
   }
   for (size_t i = 0; i < count; ++i) unmap_mapping(taken[i]);
   return count != 0;
+}
+
+uint64_t large_purge_expired(uint64_t now_ms) {
+  LargeHeader* evicted[kLargeCacheCount];
+  size_t count;
+  uint64_t due = kNeverMs;
+  {
+    os::LockGuard guard(g_cache_lock);
+    count = cache_evict(now_ms, 0, evicted);
+    for (size_t i = 0; i < g_cache_used; ++i)
+      due = std::min(due, g_cache[i]->cached_ms + kLargeCacheDelayMs);
+    publish_cache_usage();
+  }
+  for (size_t i = 0; i < count; ++i) unmap_mapping(evicted[i]);
+  return due;
 }
 
 void large_cache_usage(size_t* blocks, size_t* bytes) {

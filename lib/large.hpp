@@ -29,6 +29,9 @@ void large_unmap_retired(LargeHeader* header);
 void* large_resize(LargeHeader* header, size_t new_size);
 // Unmaps every cached mapping; true if there was any.
 bool large_trim();
+// Unmaps the cached mappings whose delay has run out (for the idle purger): when the next one
+// will be due, or kNeverMs if the cache is empty.
+uint64_t large_purge_expired(uint64_t now_ms);
 
 // Mappings in the cache and the bytes they hold (lock-free, for dumps).
 void large_cache_usage(size_t* blocks, size_t* bytes);

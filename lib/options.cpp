@@ -17,7 +17,7 @@ namespace tray {
 
 namespace {
 
-enum class Kind { kFlag, kChoice, kSignal, kPath, kBytes, kCount };
+enum class Kind { kFlag, kChoice, kSignal, kPath, kBytes, kCount, kSeconds };
 
 struct OptionSpec {
   const char* name;
@@ -43,10 +43,13 @@ constexpr OptionSpec kSpecs[] = {
     {"prof_peak", Kind::kFlag, 0, {}, false},
     {"prof_leaks", Kind::kFlag, 0, {}, false},
     {"guard_slots", Kind::kCount, 64, {}, false},
+    {"purge_thread", Kind::kFlag, 1, {}, false},
+    {"stats_interval", Kind::kSeconds, 0, {}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 
 constexpr size_t kPathBytes = 512;
+constexpr int64_t kMaxSeconds = 1'000'000;
 
 std::atomic<int64_t> g_values[unsigned(Option::kCount)];
 std::atomic<bool> g_fixed[unsigned(Option::kCount)];  // read by the allocator: no more changes
@@ -127,6 +130,15 @@ int64_t parse_value(const OptionSpec& spec, const char* text, size_t length) {
       return parse_bytes(text, length);
     case Kind::kCount:  // a plain decimal number: no suffix
       return length > 0 && text[length - 1] >= '0' && text[length - 1] <= '9' ? parse_bytes(text, length) : -1;
+    case Kind::kSeconds: {
+      int64_t seconds = 0;
+      for (size_t i = 0; i < length; ++i) {
+        if (text[i] < '0' || text[i] > '9') return -1;
+        seconds = seconds * 10 + (text[i] - '0');
+        if (seconds > kMaxSeconds) return -1;
+      }
+      return length > 0 ? seconds : -1;
+    }
   }
   return -1;
 }

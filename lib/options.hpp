@@ -28,6 +28,8 @@ enum class Option : unsigned {
   kProfPeak,     // 1: keep the profile of the highest live bytes, written at exit
   kProfLeaks,    // 1: report the sampled allocations still live at exit, by stack
   kGuardSlots,   // guarded blocks kept at once, live or freed (read at the first guarded one)
+  kPurgeThread,  // 1: a helper thread gives memory back once its delay runs out (purger.hpp)
+  kStatsInterval,  // seconds between periodic dumps (on the purger's thread); 0 for none
   kCount,
 };
 

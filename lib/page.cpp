@@ -4,6 +4,7 @@
 #include "platform/os.hpp"
 #include "segment.hpp"
 #include "size_classes.hpp"
+#include "sparse.hpp"
 #include "stats.hpp"
 
 namespace tray {
@@ -15,6 +16,8 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page->used = 0;
   page->floating = false;
   page->retained = false;
+  page->warm = false;
+  page->scrubbed_used = 0;
   page->capacity = 0;
   page->reserved = class_blocks_per_page(size_class);
   page->block_bytes = uint32_t(class_size(size_class));
@@ -39,6 +42,7 @@ void page_release(Page* page) {
     count_sub(g_totals.bytes_metadata, page_debug_states_bytes(page));
     states = nullptr;
   }
+  sparse_forget(page);
   page->heap = nullptr;
   page->free = nullptr;
   page->capacity = 0;

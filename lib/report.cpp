@@ -8,6 +8,7 @@
 #include "large.hpp"
 #include "options.hpp"
 #include "platform/os.hpp"
+#include "purger.hpp"
 #include "size_classes.hpp"
 #include "stats.hpp"
 #include "stats_print.hpp"
@@ -122,9 +123,10 @@ void write_to_fd(void* context, const char* text, size_t length) {
   os::write_fd(*static_cast<int*>(context), text, length);
 }
 
+}  // namespace
 
 // A dump where the options say: stats_file (appended: one dump after another), else stderr.
-void dump(const char* reason) {
+void stats_dump_as_configured(const char* reason) {
   int fd = g_dump_fd;
   bool opened = false;
   const char* pattern = option_stats_file();
@@ -144,7 +146,9 @@ void dump(const char* reason) {
   if (opened) os::close_fd(fd);
 }
 
-void dump_on_signal(int) { dump("signal"); }
+namespace {
+
+void dump_on_signal(int) { stats_dump_as_configured("signal"); }
 
 __attribute__((constructor)) void stats_at_start() {
   os::register_atfork(nullptr, nullptr, reset_after_fork);
@@ -157,7 +161,7 @@ __attribute__((constructor)) void stats_at_start() {
 
 // Runs at exit (and at dlclose, which -z nodelete rules out for the .so).
 __attribute__((destructor)) void stats_at_exit() {
-  if (option(Option::kStats) != 0) dump("exit");
+  if (option(Option::kStats) != 0) stats_dump_as_configured("exit");
 }
 
 }  // namespace
@@ -216,6 +220,7 @@ void install_signal_option(Option which, int* installed, void (*handler)(int)) {
 }
 
 void report_options_changed() {
+  if (option(Option::kStatsInterval) > 0) purger_notify();
   install_signal_option(Option::kStatsSignal, &g_installed_signal, dump_on_signal);
 }
 

@@ -22,10 +22,12 @@ enum class DumpFormat { kText, kJson, kMallocInfoXml };
 // take turns, so their pieces never mix in a shared file; a dump asked for by a signal handler
 // that interrupted its own thread's dump is dropped (false).
 bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format);
+// A dump where the options say (stats_file or stderr, stats_format).
+void stats_dump_as_configured(const char* reason);
 // Installs `handler` for the signal that option `which` names when it is not *installed (the
 // signal installed before, updated); a warning on stderr if that fails.
 void install_signal_option(Option which, int* installed, void (*handler)(int));
-// Applies stats_signal after tray_option_set changed it.
+// Applies stats_signal and stats_interval after tray_option_set changed them.
 void report_options_changed();
 
 }  // namespace tray

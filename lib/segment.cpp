@@ -5,6 +5,7 @@
 
 #include "core/assert.hpp"
 #include "platform/os.hpp"
+#include "purger.hpp"
 #include "stats.hpp"
 #include "track.hpp"
 
@@ -60,6 +61,7 @@ Segment* segment_map_new() {
   s->next = s->prev = nullptr;
   for (auto& page : s->pages) new (&page) Page();
   for (auto& states : s->debug_states) states = nullptr;
+  for (auto& bits : s->sparse_purged) bits = 0;
   for (auto& offset : s->page_offset) offset = page_offset_of(0);
   chunk_map_set(s, kSegmentBytes, false);
   count_add(g_totals.segments_mapped, 1);
@@ -213,18 +215,30 @@ void segment_return_page(Page* page) {
   const unsigned units = page->unit_count;
   const uint64_t mask = run_mask(first, units);
   const uint64_t now = os::now_ms();
+  {
+    os::LockGuard guard(g_pool_lock);
+    TRAY_CHECK(s->magic == kSegmentMagic);    // a page descriptor that is not in a segment
+    TRAY_CHECK((s->free_units & mask) == 0);  // a page returned twice would corrupt the pool
+    for (unsigned u = 0; u < units; ++u) s->page_offset[first + u] = page_offset_of(0);
+    page->unit_count = 0;
+    if (s->free_units == 0) list_push(g_partial, s);
+    if (s->dirty_units == 0) s->dirty_since_ms = now;
+    s->free_units |= mask;
+    s->dirty_units |= mask;
+    g_dirty_bytes += size_t(units) * kUnitBytes;
+    g_page_bytes -= size_t(units) * kUnitBytes;
+    purge_locked(now, false);
+  }
+  purger_notify();
+}
+
+uint64_t segment_purge_expired(uint64_t now_ms) {
   os::LockGuard guard(g_pool_lock);
-  TRAY_CHECK(s->magic == kSegmentMagic);    // a page descriptor that is not in a segment
-  TRAY_CHECK((s->free_units & mask) == 0);  // a page returned twice would corrupt the pool
-  for (unsigned u = 0; u < units; ++u) s->page_offset[first + u] = page_offset_of(0);
-  page->unit_count = 0;
-  if (s->free_units == 0) list_push(g_partial, s);
-  if (s->dirty_units == 0) s->dirty_since_ms = now;
-  s->free_units |= mask;
-  s->dirty_units |= mask;
-  g_dirty_bytes += size_t(units) * kUnitBytes;
-  g_page_bytes -= size_t(units) * kUnitBytes;
-  purge_locked(now, false);
+  purge_locked(now_ms, false);
+  uint64_t due = kNeverMs;
+  for (Segment* s = g_partial; s != nullptr; s = s->next)
+    if (s->dirty_units != 0) due = std::min(due, s->dirty_since_ms + kPurgeDelayMs);
+  return due == kNeverMs ? due : std::max(due, g_last_purge_ms + kPurgeDelayMs);
 }
 
 bool segment_trim() {

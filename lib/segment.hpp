@@ -94,6 +94,9 @@ Page* segment_take_page(unsigned units);
 void segment_return_page(Page* page);
 // Purges every dirty unit and unmaps cached segments; true if anything went back to the OS.
 bool segment_trim();
+// Purges the units whose delay has run out (for the idle purger): when the next ones will be
+// due, or kNeverMs if no unit is dirty.
+uint64_t segment_purge_expired(uint64_t now_ms);
 
 // The pool lock, for fork handlers.
 void segment_lock_for_fork();

@@ -1,6 +1,7 @@
 #include "stats_print.hpp"
 
 #include "core/format.hpp"
+#include "platform/os.hpp"
 
 namespace tray {
 
@@ -163,6 +164,8 @@ void stats_print_json(const tray_stats& s, int pid, const char* reason, StatsSin
   version_text.dec(TRAY_VERSION_MAJOR).chr('.').dec(TRAY_VERSION_MINOR).chr('.').dec(TRAY_VERSION_PATCH);
   version[version_text.length()] = '\0';
   root.text("library", version).field("pid", uint64_t(pid)).text("reason", reason);
+  // Monotonic: dumps of one process (stats_interval) line up on a time axis.
+  root.field("time_ms", os::now_ms());
   root.key("classes").chr('[');
   for (unsigned i = 0; i < s.class_count; ++i) {
     const tray_class_stats& c = s.classes[i];

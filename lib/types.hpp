@@ -56,6 +56,8 @@ struct alignas(kCacheLineBytes) Page {
   uint8_t unit_count = 0;       // units spanned (pool lock); 0 for no page
   bool floating = false;        // owner: full, and in no queue until a block comes back
   bool retained = false;        // owner: empty, kept in its queue (counted in retained_bytes)
+  bool warm = false;            // owner: allocated from since the last sparse pass (sparse.cpp)
+  uint16_t scrubbed_used = 0;   // owner: `used` when sparse.cpp last looked at it; 0: never
   Heap* heap = nullptr;         // owner; stable while any block of the page is live
   uint8_t* blocks = nullptr;    // address of block 0
   Page* next = nullptr;         // owner: the heap's queue for this class
@@ -84,6 +86,10 @@ struct Segment {
   // by whichever thread allocates or frees the block (see debug.cpp); mapped on the page's
   // first debug allocation. Kept out of Page so that Page stays 64 bytes.
   uint32_t* debug_states[kUnitsPerSegment];
+  // Bit i of unit u: the i-th OS page of the unit was given back while its page kept live
+  // blocks elsewhere, and the blocks that overlap it are on no free list (see sparse.cpp).
+  // Written by the page's owner; zero while the unit belongs to no page.
+  uint16_t sparse_purged[kUnitsPerSegment];
 };
 static_assert(sizeof(Segment) <= kUnitBytes, "the header must fit in unit 0");
 
@@ -120,6 +126,7 @@ struct Heap {
   Heap* next_created = nullptr;      // every heap ever made, newest first; never unlinked
   Quarantine* quarantine = nullptr;  // debug mode: blocks freed but not yet reusable
   size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
+  uint64_t sparse_pass_ms = 0;       // the last pass over sparse pages (sparse.cpp)
   // Blocks this heap's thread freed into other heaps, gathered per owner so that frees to
   // several owners, interleaved, still cost one compare-and-swap per batch (see RemoteBucket).
   RemoteBucket outgoing[kRemoteBuckets];

@@ -13,4 +13,5 @@ set(TRAY_BENCH_WORKLOADS
   rptest
   mstress
   malloc_large
+  soak
 )

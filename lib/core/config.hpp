@@ -38,6 +38,17 @@ inline constexpr uint64_t kPurgeDelayMs = 200;
 // a request whose blocks all die together); the share keeps bigger heaps just as fast.
 inline constexpr size_t kDirtyFloorBytes = size_t{64} << 20;
 inline constexpr size_t kDirtyPercentOfInUse = 25;
+// The idle purger (purger.cpp) sleeps until the next delay runs out, plus this much: the clock
+// it reads is coarse (a few ms), and waking early finds nothing due and sleeps again.
+inline constexpr uint64_t kPurgerLateMs = 10;
+// A page whose live blocks are at most this share of its carved blocks, and that nothing
+// allocated from for a pass or two, gives its OS pages that hold only free blocks back to the
+// OS (sparse.cpp). Such pages are left over from a phase whose class went out of use.
+inline constexpr size_t kSparsePagePercent = 25;
+// A heap looks for such pages at most this often, from slow paths that take a page or serve a
+// large block. Short, so that a class that went out of use gives its memory back while the
+// next phase is still going (sparse.cpp says which pages are worth a look).
+inline constexpr uint64_t kSparsePassMs = 20;
 // Fully empty segments kept mapped (their units purged) to save a later mmap.
 inline constexpr size_t kSegmentCacheCount = 4;
 
@@ -58,8 +69,9 @@ inline constexpr size_t kHeapRetainedBytes = size_t{1} << 20;
 inline constexpr size_t kLargeCacheCount = 64;
 inline constexpr size_t kLargeCacheFloorBytes = size_t{64} << 20;
 inline constexpr size_t kLargeCacheLivePercent = 100;
-// ...each for at most this long.
-inline constexpr uint64_t kLargeCacheDelayMs = 1000;
+// ...each for at most this long: reuse in a loop comes within milliseconds, while a program
+// whose large blocks went out of use should not keep them for a phase of other sizes.
+inline constexpr uint64_t kLargeCacheDelayMs = 500;
 // A reused mapping keeps touched pages past the block's end only up to 1/kLargeCacheFitRatio
 // of the block; the rest goes back to the OS.
 inline constexpr size_t kLargeCacheFitRatio = 2;

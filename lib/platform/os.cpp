@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -462,6 +464,43 @@ void thread_key_set(pthread_key_t key, const void* value) { pthread_setspecific(
 
 int register_atfork(void (*prepare)(), void (*parent)(), void (*child)()) {
   return pthread_atfork(prepare, parent, child);
+}
+
+namespace {
+
+void* thread_entry(void* body) {
+  reinterpret_cast<void (*)()>(body)();
+  return nullptr;
+}
+
+}  // namespace
+
+bool start_thread(void (*body)()) {
+  pthread_attr_t attr;
+  if (pthread_attr_init(&attr) != 0) return false;
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  // Small: the thread only walks the allocator's lists and formats into stack buffers.
+  pthread_attr_setstacksize(&attr, size_t{256} << 10);
+  sigset_t all, previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  pthread_t thread;
+  const bool started =
+      pthread_create(&thread, &attr, thread_entry, reinterpret_cast<void*>(body)) == 0;
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  pthread_attr_destroy(&attr);
+  return started;
+}
+
+void wait_on(std::atomic<uint32_t>& word, uint32_t expected, uint64_t timeout_ms) {
+  timespec timeout{time_t(timeout_ms / 1000), long(timeout_ms % 1000) * 1000000};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
+          timeout_ms == 0 ? nullptr : &timeout, nullptr, 0);
+}
+
+void wake_all(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
+          nullptr, 0);
 }
 
 }  // namespace tray::os

@@ -111,6 +111,14 @@ int thread_key_create(pthread_key_t* key, void (*destructor)(void*));
 void thread_key_set(pthread_key_t key, const void* value);
 int register_atfork(void (*prepare)(), void (*parent)(), void (*child)());
 
+// Starts a detached thread running body(), with every signal blocked in it (the program's
+// handlers must not land on a thread it does not know of); false if it cannot. The C
+// library allocates for the new thread: never from under one of the allocator's locks.
+bool start_thread(void (*body)());
+// Sleeps while word == expected, at most timeout_ms (0: no limit), or until wake_all(word).
+void wait_on(std::atomic<uint32_t>& word, uint32_t expected, uint64_t timeout_ms);
+void wake_all(std::atomic<uint32_t>& word);
+
 // A plain mutex for slow paths. Constant-initialised, so it works before any constructor.
 #if TRAY_ASAN
 // A spin lock in -DTRAY_ASAN=ON builds: ASan intercepts pthread_mutex_lock and calls malloc

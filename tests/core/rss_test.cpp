@@ -1,6 +1,8 @@
 // Memory return: after a burst of allocations is freed, resident memory must come back close
 // to where it was, on its own for small blocks and after tray_trim for everything.
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -79,14 +81,15 @@ void small_block_burst(size_t total_bytes) {
 }
 
 // Freed pages stay committed for the purge delay (so a program that frees its working set and
-// builds it again at once does not fault it all back in), then go back on the allocator's next
-// trip to the page pool: a second, small burst makes that trip here.
-TEST(Rss, SmallBlocksAreReturnedWithoutTrim) {
+// builds it again at once does not fault it all back in), then the idle purger gives them back
+// with no further call into the allocator.
+constexpr auto kIdleWait = std::chrono::milliseconds(1500);
+
+TEST(Rss, SmallBlocksAreReturnedWhenIdle) {
   ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
   const size_t before = tray_test::resident_bytes();
   ASSERT_NO_FATAL_FAILURE(small_block_burst(kSmallBurstBytes));
-  std::this_thread::sleep_for(std::chrono::milliseconds(tray::kPurgeDelayMs + 50));
-  ASSERT_NO_FATAL_FAILURE(small_block_burst(kSmallAfterBurstBytes));
+  std::this_thread::sleep_for(kIdleWait);
   const size_t after = tray_test::resident_bytes();
 
   const tray_stats stats = tray_test::stats_now();
@@ -95,6 +98,61 @@ TEST(Rss, SmallBlocksAreReturnedWithoutTrim) {
     EXPECT_LE(after, before + tray_test::rss_slack(before))
         << "resident before " << before / kMiB << " MiB, after " << after / kMiB << " MiB";
   }
+}
+
+// Less than the large cache may hold: without the purger, all of it would stay mapped.
+TEST(Rss, LargeBlocksAreReturnedWhenIdle) {
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const size_t before = tray_test::resident_bytes();
+  constexpr size_t kBytes = tray::kLargeCacheFloorBytes / 4;
+  void* blocks[2];
+  for (void*& p : blocks) {
+    p = tray_malloc(kBytes);
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 0x55, kBytes);
+  }
+  for (void* p : blocks) tray_free(p);
+  std::this_thread::sleep_for(kIdleWait);
+  const size_t after = tray_test::resident_bytes();
+
+  EXPECT_EQ(tray_test::stats_now().large.cached_blocks, 0u);
+  EXPECT_EQ(tray_test::stats_now().large.cached_bytes, 0u);
+  if (tray_test::kResidentBoundsHold) {
+    EXPECT_LE(after, before + tray_test::rss_slack(before))
+        << "resident before " << before / kMiB << " MiB, after " << after / kMiB << " MiB";
+  }
+}
+
+// purge_thread=0: freed memory waits for the next call, as it did before the purger. Shows
+// that the idle tests above measure the purger and not something else giving memory back.
+TEST(Rss, WithoutPurgeThreadIdleMemoryStays) {
+  ASSERT_EQ(tray_option_set("purge_thread", "0"), 0);
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const uint64_t released_before = tray_test::stats_now().released_bytes;
+  // Under the dirty floor, so that no call purges for being over it.
+  ASSERT_NO_FATAL_FAILURE(small_block_burst(tray::kDirtyFloorBytes / 2));
+  std::this_thread::sleep_for(kIdleWait);
+  EXPECT_LT(tray_test::stats_now().released_bytes - released_before, tray::kDirtyFloorBytes / 8);
+}
+
+// The child of a fork has no purger thread: it must start its own.
+TEST(Rss, ForkedChildReturnsMemoryWhenIdle) {
+  if (tray_test::kThreadSanitizer) GTEST_SKIP() << "TSan kills a forked child that starts a thread";
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  ASSERT_NO_FATAL_FAILURE(small_block_burst(tray::kHeapRetainedBytes * 8));  // starts the purger
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const uint64_t released_before = tray_test::stats_now().released_bytes;
+    small_block_burst(tray::kDirtyFloorBytes / 2);  // as above: only the purger gives it back
+    std::this_thread::sleep_for(kIdleWait);
+    const uint64_t released = tray_test::stats_now().released_bytes - released_before;
+    _exit(released >= tray::kDirtyFloorBytes / 4 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child kept its freed pages";
 }
 
 // A second burst reuses the memory of the first; tray_trim then gives back what is still

@@ -1,7 +1,11 @@
 // Statistics through the prefixed API: counters that reconcile under known single- and
 // multi-threaded workloads, and dumps that parse back.
 #include <cctype>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,6 +212,40 @@ TEST(Stats, JsonDumpIsOneWellFormedLine) {
   EXPECT_EQ(checker.objects, 1 + 48 + 3);  // the dump, its classes, large/process/os_calls
   EXPECT_EQ(json.rfind("{\"traymalloc_stats\":1,", 0), 0u);
   EXPECT_NE(json.find("\"block_bytes\":131072,"), std::string::npos);
+}
+
+// stats_interval=1: a JSON dump a second in the stats file, written by the purger's thread
+// while the program sleeps (one allocation after setting it starts that thread).
+TEST(Stats, IntervalAppendsDumpsWhileIdle) {
+  char path[] = "/tmp/tray_stats_interval_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  ASSERT_EQ(tray_option_set("stats_file", path), 0);
+  ASSERT_EQ(tray_option_set("stats_format", "json"), 0);
+  ASSERT_EQ(tray_option_set("stats_interval", "1"), 0);
+  tray_free(tray_malloc(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2600));
+  ASSERT_EQ(tray_option_set("stats_interval", "0"), 0);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::remove(path);
+  size_t dumps = 0;
+  for (size_t at = text.str().find("\"reason\":\"interval\""); at != std::string::npos;
+       at = text.str().find("\"reason\":\"interval\"", at + 1))
+    ++dumps;
+  EXPECT_GE(dumps, 2u) << text.str().substr(0, 200);
+  EXPECT_LE(dumps, 3u);
+}
+
+// Seconds are whole and not negative.
+TEST(Stats, IntervalRejectsBadValues) {
+  EXPECT_EQ(tray_option_set("stats_interval", "-1"), EINVAL);
+  EXPECT_EQ(tray_option_set("stats_interval", "1.5"), EINVAL);
+  EXPECT_EQ(tray_option_set("stats_interval", ""), EINVAL);
+  EXPECT_EQ(tray_option_set("stats_interval", "30"), 0);
+  EXPECT_EQ(tray_option_set("stats_interval", "0"), 0);
 }
 
 }  // namespace

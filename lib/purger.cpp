@@ -1,0 +1,121 @@
+#include "purger.hpp"
+
+#include <algorithm>
+
+#include "core/config.hpp"
+#include "heap.hpp"
+#include "large.hpp"
+#include "options.hpp"
+#include "platform/os.hpp"
+#include "report.hpp"
+#include "segment.hpp"
+
+namespace tray {
+
+constinit std::atomic<PurgerState> g_purger_state{PurgerState::kNone};
+
+namespace {
+
+#if defined(TRAY_TSAN)
+constexpr bool kTsan = true;
+#else
+constexpr bool kTsan = false;
+#endif
+
+std::atomic<uint32_t> g_wake{0};      // bumped to end the thread's sleep early
+std::atomic<bool> g_sleeping{false};  // the thread sleeps, or is about to, with no deadline
+std::atomic<bool> g_fork_handler_set{false};
+uint64_t g_next_dump_ms = 0;          // the thread's own; 0 while no interval is set
+
+// The next periodic dump, writing the one that is due.
+uint64_t stats_due(uint64_t now) {
+  const int64_t seconds = option(Option::kStatsInterval);
+  if (seconds <= 0) {
+    g_next_dump_ms = 0;
+    return kNeverMs;
+  }
+  const uint64_t period = uint64_t(seconds) * 1000;
+  if (g_next_dump_ms == 0) {
+    g_next_dump_ms = now + period;
+  } else if (now >= g_next_dump_ms) {
+    stats_dump_as_configured("interval");
+    // Keep to the schedule, but do not catch up on dumps missed while the machine slept.
+    g_next_dump_ms = std::max(g_next_dump_ms + period, now + 1);
+  }
+  return g_next_dump_ms;
+}
+
+// One pass over everything that waits on a delay, oldest deadlines first out; then a sleep
+// until the next deadline, or until purger_notify if nothing waits. Parked heaps go first:
+// the pages they give back wait in the pool like any other.
+void purger_main() {
+  for (;;) {
+    g_sleeping.store(true, std::memory_order_relaxed);
+    // Pairs with the fence in purger_notify: either this pass sees what the notifier left,
+    // or the notifier sees g_sleeping and bumps g_wake, which ends the wait below.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint32_t seen = g_wake.load(std::memory_order_relaxed);
+    const uint64_t now = os::now_ms();
+    uint64_t due = heap_collect_idle();
+    due = std::min(due, segment_purge_expired(now));
+    due = std::min(due, large_purge_expired(now));
+    due = std::min(due, stats_due(now));
+    uint64_t timeout_ms = 0;  // no limit
+    if (due != kNeverMs) {
+      g_sleeping.store(false, std::memory_order_relaxed);
+      // The clock is coarse: waking a little late is better than waking before the deadline
+      // and finding nothing due yet.
+      timeout_ms = (due > now ? due - now : 0) + kPurgerLateMs;
+    }
+    os::wait_on(g_wake, seen, timeout_ms);
+  }
+}
+
+// The child of a fork has only the thread that forked. ThreadSanitizer kills a child that
+// starts a thread after a multi-threaded fork, so under it the child does without (its memory
+// goes back on its own calls, as with purge_thread=0).
+void purger_after_fork_child() {
+  const PurgerState state = g_purger_state.load(std::memory_order_relaxed);
+  if (kTsan)
+    g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
+  else if (state == PurgerState::kRunning || state == PurgerState::kStarting)
+    g_purger_state.store(PurgerState::kWanted, std::memory_order_relaxed);
+  g_sleeping.store(false, std::memory_order_relaxed);
+  g_next_dump_ms = 0;
+}
+
+}  // namespace
+
+void purger_notify() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  PurgerState state = g_purger_state.load(std::memory_order_relaxed);
+  if (state == PurgerState::kNone) {
+    g_purger_state.compare_exchange_strong(state, PurgerState::kWanted, std::memory_order_relaxed);
+    return;
+  }
+  if (g_sleeping.load(std::memory_order_relaxed) &&
+      g_sleeping.exchange(false, std::memory_order_relaxed)) {
+    g_wake.fetch_add(1, std::memory_order_relaxed);
+    os::wake_all(g_wake);
+  }
+}
+
+void purger_start() {
+  PurgerState expected = PurgerState::kWanted;
+  if (!g_purger_state.compare_exchange_strong(expected, PurgerState::kStarting,
+                                              std::memory_order_acquire))
+    return;
+  // Creating a thread allocates: the calls that re-enter malloc from here find the state
+  // kStarting and leave it alone.
+  if (option(Option::kPurgeThread) == 0 || debug_mode()) {
+    g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
+    return;
+  }
+  if (!g_fork_handler_set.exchange(true, std::memory_order_relaxed))
+    os::register_atfork(nullptr, nullptr, purger_after_fork_child);
+  const bool started = os::start_thread(purger_main);
+  g_purger_state.store(started ? PurgerState::kRunning : PurgerState::kOff,
+                       std::memory_order_release);
+}
+
+}  // namespace tray

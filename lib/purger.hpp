@@ -1,0 +1,37 @@
+// The idle purger: a helper thread that gives freed memory back to the OS when its delay runs
+// out, whether or not the program calls the allocator again, and writes the periodic
+// statistics dumps (stats_interval). Without it, dirty units and cached large blocks wait for
+// the next trip to the page pool, which a program that has gone quiet never makes.
+//
+// It starts lazily: whoever leaves something to purge (or sets stats_interval) marks it as
+// wanted, and the next allocator slow path that holds no lock and has its heap in order starts
+// it, since creating a thread allocates. Option purge_thread=0 keeps it from ever starting.
+// A forked child has no such thread; it is marked as wanted there and starts again the same way.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/bits.hpp"
+
+namespace tray {
+
+// A deadline that never comes: nothing to wait for.
+inline constexpr uint64_t kNeverMs = UINT64_MAX;
+
+enum class PurgerState : uint32_t { kNone, kWanted, kStarting, kRunning, kOff };
+extern constinit std::atomic<PurgerState> g_purger_state;
+
+// Something new may need the purger: memory to give back after a delay, or a new
+// stats_interval. Wakes the thread if it sleeps without a deadline, or marks it wanted.
+// Lock-free; safe under the allocator's locks.
+void purger_notify();
+// Starts the thread if it is wanted. Only where re-entering malloc is safe: no allocator lock
+// held, and the calling thread's heap consistent.
+void purger_start();
+TRAY_INLINE void purger_poll() {
+  if (TRAY_UNLIKELY(g_purger_state.load(std::memory_order_relaxed) == PurgerState::kWanted))
+    purger_start();
+}
+
+}  // namespace tray

@@ -1,0 +1,211 @@
+#include "sparse.hpp"
+
+#include "core/assert.hpp"
+#include "core/bits.hpp"
+#include "core/config.hpp"
+#include "options.hpp"
+#include "platform/os.hpp"
+#include "segment.hpp"
+#include "stats.hpp"
+
+namespace tray {
+
+namespace {
+
+constexpr unsigned kMaxOsPagesPerUnit = 16;  // the width of Segment::sparse_purged
+constexpr size_t kMaxBlocksPerPage = kUnitBytes / kNaturalAlignment;
+constexpr size_t kMaxOsPagesPerPage = kUnitsPerSegment * kMaxOsPagesPerUnit;
+
+template <size_t kBits>
+class BitSet {
+ public:
+  void set(size_t i) { words_[i / 64] |= uint64_t{1} << (i % 64); }
+  bool test(size_t i) const { return (words_[i / 64] >> (i % 64)) & 1; }
+  bool any_in(size_t first, size_t last) const {  // inclusive
+    for (size_t i = first; i <= last; ++i)
+      if (test(i)) return true;
+    return false;
+  }
+
+ private:
+  uint64_t words_[kBits / 64] = {};
+};
+using OsPageSet = BitSet<kMaxOsPagesPerPage>;
+using BlockSet = BitSet<kMaxBlocksPerPage>;
+
+struct Geometry {
+  size_t os_page;
+  unsigned per_unit;  // OS pages per unit
+};
+
+// 0 OS pages per unit where they do not fit the header's 16 bits (pages under 4 KiB).
+Geometry geometry() {
+  const size_t os_page = os::page_size();
+  const size_t per_unit = kUnitBytes / os_page;
+  return {os_page, per_unit <= kMaxOsPagesPerUnit ? unsigned(per_unit) : 0};
+}
+
+uint16_t* purged_words(const Page* page) {
+  Segment* segment = segment_of(page);
+  return &segment->sparse_purged[page - segment->pages];
+}
+
+OsPageSet load_purged(const Page* page, Geometry g, bool* any) {
+  OsPageSet set;
+  *any = false;
+  const uint16_t* words = purged_words(page);
+  for (unsigned u = 0; u < page->unit_count; ++u)
+    for (unsigned i = 0; i < g.per_unit; ++i)
+      if ((words[u] >> i) & 1) {
+        set.set(u * g.per_unit + i);
+        *any = true;
+      }
+  return set;
+}
+
+void store_purged(const Page* page, Geometry g, const OsPageSet& set) {
+  uint16_t* words = purged_words(page);
+  for (unsigned u = 0; u < page->unit_count; ++u) {
+    uint16_t word = 0;
+    for (unsigned i = 0; i < g.per_unit; ++i)
+      if (set.test(u * g.per_unit + i)) word = uint16_t(word | (1u << i));
+    words[u] = word;
+  }
+}
+
+bool overlaps(const OsPageSet& set, size_t block, size_t block_bytes, size_t os_page) {
+  return set.any_in(block * block_bytes / os_page, ((block + 1) * block_bytes - 1) / os_page);
+}
+
+Block* block_at(const Page* page, size_t i) {
+  return reinterpret_cast<Block*>(page->blocks + i * page->block_bytes);
+}
+
+size_t purged_bytes(const Page* page, Geometry g) {
+  size_t count = 0;
+  const uint16_t* words = purged_words(page);
+  for (unsigned u = 0; u < page->unit_count; ++u) count += popcount64(words[u]);
+  return count * g.os_page;
+}
+
+// Gives back every OS page of the carved part of `page` whose blocks are all free (on the
+// free list, or out already), and rebuilds the free list, in address order, without them.
+// True if any went back.
+bool scrub_page(Page* page, Geometry g) {
+  const size_t block_bytes = page->block_bytes;
+  const size_t capacity = page->capacity;
+  const size_t whole_os_pages = capacity * block_bytes / g.os_page;
+  if (whole_os_pages == 0) return false;
+  TRAY_ASSERT(capacity <= kMaxBlocksPerPage);
+  bool any_purged;
+  OsPageSet purged = load_purged(page, g, &any_purged);
+  BlockSet on_list;
+  for (Block* b = page->free; b != nullptr; b = b->next)
+    on_list.set(size_t(reinterpret_cast<uint8_t*>(b) - page->blocks) / block_bytes);
+
+  OsPageSet merged = purged;
+  bool any_new = false;
+  for (size_t p = 0; p < whole_os_pages; ++p) {
+    if (purged.test(p)) continue;
+    const size_t first = p * g.os_page / block_bytes;
+    const size_t last = ((p + 1) * g.os_page - 1) / block_bytes;
+    bool all_free = true;
+    for (size_t i = first; i <= last && all_free; ++i)
+      all_free = on_list.test(i) || overlaps(purged, i, block_bytes, g.os_page);
+    if (all_free) {
+      merged.set(p);
+      any_new = true;
+    }
+  }
+  if (!any_new) return false;
+
+  Block* head = nullptr;
+  Block** tail = &head;
+  for (size_t i = 0; i < capacity; ++i) {
+    if (!on_list.test(i) || overlaps(merged, i, block_bytes, g.os_page)) continue;
+    *tail = block_at(page, i);
+    tail = &(*tail)->next;
+  }
+  *tail = nullptr;
+  page->free = head;
+
+  for (size_t p = 0; p < whole_os_pages;) {
+    if (!merged.test(p) || purged.test(p)) {
+      ++p;
+      continue;
+    }
+    size_t end = p + 1;
+    while (end < whole_os_pages && merged.test(end) && !purged.test(end)) ++end;
+    const size_t bytes = (end - p) * g.os_page;
+    os::purge(page->blocks + p * g.os_page, bytes);
+    count_add(g_totals.bytes_purged, bytes);
+    count_add(g_totals.bytes_decommitted, bytes);
+    p = end;
+  }
+  store_purged(page, g, merged);
+  return true;
+}
+
+// Blocks die at random, so an OS page is all free with a fair chance only once the page holds
+// about as few live blocks as it has OS pages (for blocks of an OS page or more: once most
+// are free). Walking the free list touches every free block, so a page is looked at again
+// only once half of the live blocks it had then have died.
+bool worth_a_look(const Page* page, Geometry g) {
+  const size_t used = page->used;
+  const size_t os_pages = size_t(page->capacity) * page->block_bytes / g.os_page;
+  if (used * 100 > size_t(page->capacity) * kSparsePagePercent || used > os_pages) return false;
+  return page->scrubbed_used == 0 || used * 2 <= page->scrubbed_used;
+}
+
+}  // namespace
+
+bool sparse_pass(Heap* heap, bool force) {
+  const Geometry g = geometry();
+  if (g.per_unit == 0 || debug_mode()) return false;
+  const uint64_t now = os::now_ms();
+  if (!force && now - heap->sparse_pass_ms < kSparsePassMs) return false;
+  heap->sparse_pass_ms = now;
+  bool released = false;
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    for (Page* page = heap->queues[c].head; page != nullptr; page = page->next) {
+      // The page allocated from now, and empty pages kept for reuse, stay as they are; a page
+      // that was allocated from since the last pass may be again soon.
+      const bool warm = page->warm;
+      page->warm = false;
+      if (page == heap->direct[c] || page->retained || (warm && !force)) continue;
+      if (!force && !worth_a_look(page, g)) continue;
+      page->scrubbed_used = uint16_t(page->used);
+      released |= scrub_page(page, g);
+    }
+  }
+  return released;
+}
+
+bool sparse_refill(Page* page) {
+  const Geometry g = geometry();
+  if (g.per_unit == 0) return false;
+  bool any;
+  const OsPageSet purged = load_purged(page, g, &any);
+  if (!any) return false;
+  const size_t block_bytes = page->block_bytes;
+  for (size_t i = page->capacity; i-- > 0;) {
+    if (!overlaps(purged, i, block_bytes, g.os_page)) continue;
+    Block* block = block_at(page, i);
+    block->next = page->free;
+    page->free = block;
+  }
+  count_sub(g_totals.bytes_decommitted, purged_bytes(page, g));
+  store_purged(page, g, OsPageSet{});
+  page->scrubbed_used = 0;
+  return true;
+}
+
+void sparse_forget(Page* page) {
+  const Geometry g = geometry();
+  if (g.per_unit == 0) return;
+  count_sub(g_totals.bytes_decommitted, purged_bytes(page, g));
+  uint16_t* words = purged_words(page);
+  for (unsigned u = 0; u < page->unit_count; ++u) words[u] = 0;
+}
+
+}  // namespace tray

@@ -1,0 +1,111 @@
+// Sparse pages: a page that keeps a few live blocks gives back the OS pages that hold only
+// free blocks, the live blocks keep their contents, and the blocks of the given-back OS pages
+// come back when the class needs them again.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <chrono>
+#include <vector>
+
+#include "core/config.hpp"
+#include "size_classes.hpp"
+#include "support.hpp"
+#include "traymalloc.h"
+
+namespace {
+
+using tray_test::kMiB;
+
+constexpr size_t kTotalBytes = 32 * kMiB;
+
+struct Held {
+  unsigned char* p;
+  unsigned char fill;
+};
+
+// Fills `count` blocks of `size` bytes, then frees all but one in `keep_every`.
+std::vector<Held> sparse_class(size_t size, size_t count, size_t keep_every) {
+  std::vector<Held> all(count), kept;
+  for (size_t i = 0; i < count; ++i) {
+    all[i] = {static_cast<unsigned char*>(tray_malloc(size)), static_cast<unsigned char>(i % 251 + 1)};
+    EXPECT_NE(all[i].p, nullptr);
+    std::memset(all[i].p, all[i].fill, size);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (i % keep_every == 0) kept.push_back(all[i]);
+    else tray_free(all[i].p);
+  }
+  return kept;
+}
+
+bool intact(const Held& held, size_t size) {
+  for (size_t i = 0; i < size; ++i)
+    if (held.p[i] != held.fill) return false;
+  return true;
+}
+
+// Blocks of a whole OS page each: one live block in 16 leaves 15 free OS pages in 16.
+TEST(Sparse, TrimGivesBackTheFreeOsPagesOfSparsePages) {
+  constexpr size_t kSize = 4096;
+  const tray_stats before = tray_test::stats_now();
+  const std::vector<Held> kept = sparse_class(kSize, kTotalBytes / kSize, 16);
+  const tray_stats sparse = tray_test::stats_now();
+  // No page is empty: none went back to the pool.
+  EXPECT_LT(sparse.released_bytes - before.released_bytes, kTotalBytes / 8);
+  EXPECT_EQ(tray_trim(), 1);
+  const tray_stats trimmed = tray_test::stats_now();
+  EXPECT_GE(trimmed.released_bytes - sparse.released_bytes, kTotalBytes / 2);
+  EXPECT_LE(trimmed.committed_bytes + kTotalBytes / 2, sparse.committed_bytes);
+  for (const Held& held : kept) EXPECT_TRUE(intact(held, kSize));
+  for (const Held& held : kept) tray_free(held.p);
+}
+
+// Blocks that straddle OS pages (48 B), given back and then handed out again: every block
+// handed out is distinct from the live ones and from each other, and the live ones keep
+// their contents.
+TEST(Sparse, GivenBackBlocksComeBackWhenTheClassGrowsAgain) {
+  constexpr size_t kSize = 48;
+  constexpr size_t kCount = kTotalBytes / 8 / kSize;
+  const std::vector<Held> kept = sparse_class(kSize, kCount, 500);
+  const tray_stats sparse = tray_test::stats_now();
+  EXPECT_EQ(tray_trim(), 1);
+  EXPECT_GT(tray_test::stats_now().released_bytes, sparse.released_bytes);
+
+  std::set<unsigned char*> seen;
+  for (const Held& held : kept) seen.insert(held.p);
+  std::vector<Held> again;
+  for (size_t i = 0; i < kCount; ++i) {
+    Held held{static_cast<unsigned char*>(tray_malloc(kSize)), 0x5a};
+    ASSERT_NE(held.p, nullptr);
+    ASSERT_TRUE(seen.insert(held.p).second) << "block handed out twice: " << static_cast<void*>(held.p);
+    std::memset(held.p, held.fill, kSize);
+    again.push_back(held);
+  }
+  for (const Held& held : kept) EXPECT_TRUE(intact(held, kSize));
+  for (const Held& held : again) EXPECT_TRUE(intact(held, kSize));
+  for (const Held& held : kept) tray_free(held.p);
+  for (const Held& held : again) tray_free(held.p);
+}
+
+// Without trim: the heap looks at its sparse pages on its own slow paths (here, large blocks),
+// and takes a page once nothing allocated from it for a whole pass interval.
+TEST(Sparse, SlowPathsGiveBackSparsePagesWithoutTrim) {
+  constexpr size_t kSize = 8192;
+  const std::vector<Held> kept = sparse_class(kSize, kTotalBytes / kSize, 16);
+  const tray_stats sparse = tray_test::stats_now();
+  for (int pass = 0; pass < 2; ++pass) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(tray::kSparsePassMs * 2));
+    void* large = tray_malloc(2 * tray::kMaxSmallBytes);
+    ASSERT_NE(large, nullptr);
+    tray_free(large);
+  }
+  // Half the pages (8 blocks each) kept a block, and 7/8 of each of those can go.
+  EXPECT_GE(tray_test::stats_now().released_bytes - sparse.released_bytes, kTotalBytes * 3 / 8);
+  for (const Held& held : kept) EXPECT_TRUE(intact(held, kSize));
+  for (const Held& held : kept) tray_free(held.p);
+}
+
+}  // namespace
