@@ -7,6 +7,7 @@
 #include "large.hpp"
 #include "options.hpp"
 #include "platform/os.hpp"
+#include "purger.hpp"
 #include "sample.hpp"
 #include "segment.hpp"
 #include "size_classes.hpp"
@@ -222,6 +223,9 @@ void* prof_alloc(size_t size, size_t alignment, bool zero) {
   const auto rate = uint64_t(option(Option::kProfSample));
   if (depth == 0 || rate == 0) return nullptr;
   os::LockGuard guard(g_lock);
+  // Refilling prof's heap can free pages and want the purger started, whose thread creation
+  // allocates, and that allocation could be sampled: it would wait for g_lock forever.
+  PurgerHold hold;
   if (!ready()) return nullptr;
   const uint32_t stack = find_or_add_stack(frames, depth);
   if (stack == kNoStack || g_live_used >= kLiveLimit) {

@@ -86,6 +86,8 @@ void purger_after_fork_child() {
 
 }  // namespace
 
+__thread unsigned tls_purger_holds = 0;
+
 void purger_notify() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   PurgerState state = g_purger_state.load(std::memory_order_relaxed);

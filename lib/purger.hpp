@@ -29,8 +29,19 @@ void purger_notify();
 // Starts the thread if it is wanted. Only where re-entering malloc is safe: no allocator lock
 // held, and the calling thread's heap consistent.
 void purger_start();
+// Code that reaches the heap's slow paths while holding a lock that a nested malloc could
+// take again (prof's, whose heap refills through them) holds the purger back meanwhile.
+extern __thread unsigned tls_purger_holds;
+struct PurgerHold {
+  PurgerHold() { ++tls_purger_holds; }
+  ~PurgerHold() { --tls_purger_holds; }
+  PurgerHold(const PurgerHold&) = delete;
+  PurgerHold& operator=(const PurgerHold&) = delete;
+};
+
 TRAY_INLINE void purger_poll() {
-  if (TRAY_UNLIKELY(g_purger_state.load(std::memory_order_relaxed) == PurgerState::kWanted))
+  if (TRAY_UNLIKELY(g_purger_state.load(std::memory_order_relaxed) == PurgerState::kWanted) &&
+      tls_purger_holds == 0)
     purger_start();
 }
 
