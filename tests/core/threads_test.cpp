@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <mutex>
 #include <thread>
@@ -169,6 +170,15 @@ void churn_thread(size_t index, std::vector<Block>& handed_over, Problems& probl
   }
 }
 
+// Resident bytes once the idle purger has given back what was freed: pages freed a moment
+// ago wait out their purge delay, and up to the dirty floor of them could otherwise be
+// counted at one reading and not at the other.
+size_t settled_resident_bytes() {
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(tray::kPurgeDelayMs + tray::kPurgerLateMs + 100));
+  return tray_test::resident_bytes();
+}
+
 TEST(Threads, ShortLivedThreadsReuseHeapsAndMemory) {
   constexpr size_t kConcurrent = 4;
   const size_t thread_total = tray_test::scaled(3000);
@@ -185,9 +195,9 @@ TEST(Threads, ShortLivedThreadsReuseHeapsAndMemory) {
     for (const auto& blocks : handed_over)
       for (const Block& block : blocks) free_checked(block, problems);
     if (rss_after_first_third == 0 && started + kConcurrent >= thread_total / 3)
-      rss_after_first_third = tray_test::resident_bytes();
+      rss_after_first_third = settled_resident_bytes();
   }
-  const size_t rss_at_end = tray_test::resident_bytes();
+  const size_t rss_at_end = settled_resident_bytes();
 
   EXPECT_EQ(problems.corrupt_blocks.load(), 0u);
   EXPECT_EQ(problems.failed_allocations.load(), 0u);
