@@ -9,6 +9,7 @@
 #include "platform/os.hpp"
 #include "report.hpp"
 #include "segment.hpp"
+#include "track.hpp"
 
 namespace tray {
 
@@ -109,7 +110,9 @@ void purger_start() {
     return;
   // Creating a thread allocates: the calls that re-enter malloc from here find the state
   // kStarting and leave it alone.
-  if (option(Option::kPurgeThread) == 0 || debug_mode()) {
+  // Nor in memcheck and ASan builds, which exist to find a program's bugs: the thread's own
+  // start-up allocation (libc's thread descriptor) would stand in every leak summary.
+  if (option(Option::kPurgeThread) == 0 || debug_mode() || TRAY_TRACK) {
     g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
     return;
   }
