@@ -90,7 +90,9 @@ void set_foreign_handlers(const ForeignHandlers& handlers) noexcept { g_foreign 
 void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
   if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) {
-    void* p = heap_alloc_small(size);
+    // Only alloc() comes here with a small size, after its pop failed: popping again would
+    // charge the sampling countdown twice for one request.
+    void* p = heap_malloc_slow(tls_heap, size_class_of(size), size);
     if (zero && p != nullptr) zero_fill(p, size);
     return p;
   }
