@@ -265,9 +265,10 @@ void join_upper(LargeHeader* header, LargeHeader* upper) {
 // `old_reserve`, which growing it has just added and nothing has touched: the block grows
 // into pages that are resident already instead of faulting in fresh ones, and the cache gives
 // up pages it would otherwise keep beside the grown block (page tables move, the bytes do
-// not). Nothing changes if the cache has no mapping with touched pages to give, or the kernel
-// refuses the move (a cached mapping that was joined spans two of its mappings).
-void fill_from_cache(LargeHeader* header, size_t old_reserve) {
+// not). Touched pages past the block's `used_bytes` are kept as a reused mapping's are. Nothing
+// changes if the cache has no mapping with touched pages to give, or the kernel refuses the
+// move (a cached mapping that was joined spans two of its mappings).
+void fill_from_cache(LargeHeader* header, size_t old_reserve, size_t used_bytes) {
   const size_t room = header->reserve_bytes - old_reserve;
   LargeHeader* cached = cache_take(room);
   if (cached == nullptr) return;
@@ -289,15 +290,17 @@ void fill_from_cache(LargeHeader* header, size_t old_reserve) {
   count_sub(g_totals.bytes_mapped, bytes);
   header->dirty_bytes += moved_dirty;  // moved, not new: the totals stay
   set_dirty_bytes(header, old_reserve + moved_dirty);
+  if (header->dirty_bytes > used_bytes + used_bytes / kLargeCacheFitRatio) purge_tail(header, used_bytes);
 }
 
-// Grows the reservation of `header` to new_reserve bytes: by joining the cached mapping right
+// Grows the reservation of `header` to hold used_bytes (to whole chunks): by joining the cached mapping right
 // after it (no system call), in place if the address space after it is free, else by moving
 // its pages onto a fresh reservation (page tables move, the bytes do not); what growing added
 // is then filled from the cache. The header where it now lies, or nullptr (nothing changed)
 // if the OS refuses, as it does for a move of a range that spans two of its mappings.
 // `alignment` is the block's.
-LargeHeader* grow_reservation(LargeHeader* header, size_t new_reserve, size_t alignment) {
+LargeHeader* grow_reservation(LargeHeader* header, size_t used_bytes, size_t alignment) {
+  const size_t new_reserve = align_up(used_bytes, kSegmentBytes);
   const size_t old_reserve = header->reserve_bytes;
   if (LargeHeader* upper = cache_take_at(base_of(header) + old_reserve, new_reserve - old_reserve)) {
     join_upper(header, upper);
@@ -326,7 +329,7 @@ LargeHeader* grow_reservation(LargeHeader* header, size_t new_reserve, size_t al
   header->reserve_bytes = new_reserve;
   count_add(g_totals.bytes_mapped, new_reserve);
   count_sub(g_totals.bytes_mapped, old_reserve);
-  fill_from_cache(header, old_reserve);
+  fill_from_cache(header, old_reserve, used_bytes);
   return header;
 }
 
@@ -344,7 +347,7 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
   LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(used_bytes) : nullptr;
   if (header != nullptr && header->reserve_bytes < used_bytes) {
-    LargeHeader* grown = grow_reservation(header, align_up(used_bytes, kSegmentBytes), alignment);
+    LargeHeader* grown = grow_reservation(header, used_bytes, alignment);
     // What it held stays cached for another request; this one gets a fresh mapping.
     if (grown == nullptr && !cache_put(header, 0)) unmap_mapping(header);
     header = grown;
@@ -422,7 +425,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
     // back to the OS when it is most of the block.
     if (new_used <= old_used / 2) purge_tail(header, new_used);
   } else {
-    header = grow_reservation(header, align_up(new_used, kSegmentBytes), header->alignment);
+    header = grow_reservation(header, new_used, header->alignment);
     if (header == nullptr) return nullptr;
     header->user = base_of(header) + offset;
   }
