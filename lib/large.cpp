@@ -290,13 +290,14 @@ void fill_from_cache(LargeHeader* header, size_t old_reserve, size_t used_bytes)
   count_sub(g_totals.bytes_mapped, bytes);
   header->dirty_bytes += moved_dirty;  // moved, not new: the totals stay
   set_dirty_bytes(header, old_reserve + moved_dirty);
-  if (header->dirty_bytes > used_bytes + used_bytes / kLargeCacheFitRatio) purge_tail(header, used_bytes);
+  if (header->dirty_bytes > used_bytes + used_bytes / kLargeCacheFitRatio)
+    purge_tail(header, used_bytes);
 }
 
-// Grows the reservation of `header` to hold used_bytes (to whole chunks): by joining the cached mapping right
-// after it (no system call), in place if the address space after it is free, else by moving
-// its pages onto a fresh reservation (page tables move, the bytes do not); what growing added
-// is then filled from the cache. The header where it now lies, or nullptr (nothing changed)
+// Grows the reservation of `header` to hold used_bytes (in whole chunks): by joining the cached
+// mapping right after it (no system call), in place if the address space after it is free,
+// else by moving its pages onto a fresh reservation (page tables move, the bytes do not); what
+// growing added is then filled from the cache. The header where it now lies, or nullptr (nothing changed)
 // if the OS refuses, as it does for a move of a range that spans two of its mappings.
 // `alignment` is the block's.
 LargeHeader* grow_reservation(LargeHeader* header, size_t used_bytes, size_t alignment) {
