@@ -297,13 +297,14 @@ void fill_from_cache(LargeHeader* header, size_t old_reserve, size_t used_bytes)
 // Grows the reservation of `header` to hold used_bytes (in whole chunks): by joining the cached
 // mapping right after it (no system call), in place if the address space after it is free,
 // else by moving its pages onto a fresh reservation (page tables move, the bytes do not); what
-// growing added is then filled from the cache. The header where it now lies, or nullptr (nothing changed)
-// if the OS refuses, as it does for a move of a range that spans two of its mappings.
-// `alignment` is the block's.
+// growing added is then filled from the cache. The header where it now lies, or nullptr
+// (nothing changed) if the OS refuses, as it does for a move of a range that spans two of its
+// mappings. `alignment` is the block's.
 LargeHeader* grow_reservation(LargeHeader* header, size_t used_bytes, size_t alignment) {
   const size_t new_reserve = align_up(used_bytes, kSegmentBytes);
   const size_t old_reserve = header->reserve_bytes;
-  if (LargeHeader* upper = cache_take_at(base_of(header) + old_reserve, new_reserve - old_reserve)) {
+  const size_t extra = new_reserve - old_reserve;
+  if (LargeHeader* upper = cache_take_at(base_of(header) + old_reserve, extra)) {
     join_upper(header, upper);
     return header;
   }
@@ -311,7 +312,7 @@ LargeHeader* grow_reservation(LargeHeader* header, size_t used_bytes, size_t ali
   // that a joined reservation is made of (they meet at chunk boundaries), which is the one to
   // grow, and naming the whole range would fail for a joined one.
   char* last_chunk = base_of(header) + old_reserve - kSegmentBytes;
-  if (os::remap_in_place(last_chunk, kSegmentBytes, new_reserve - old_reserve + kSegmentBytes)) {
+  if (os::remap_in_place(last_chunk, kSegmentBytes, kSegmentBytes + extra)) {
     chunk_map_set(header, new_reserve, true);
   } else {
     void* target = os::reserve_aligned(new_reserve, std::max(alignment, kSegmentBytes));

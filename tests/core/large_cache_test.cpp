@@ -41,7 +41,8 @@ void* touched_block(size_t bytes, int value) {
 // grown part faults in only the block's own untouched tail. Without it, every page of the
 // grown part is a fresh page fault, and the cached pages sit beside it until evicted.
 TEST(LargeCache, GrowingBlockTakesCachedPages) {
-  if (tray_test::kSanitized) GTEST_SKIP() << "sanitizers fault in shadow pages; TSan builds copy instead of mremap";
+  if (tray_test::kSanitized)
+    GTEST_SKIP() << "sanitizers fault in shadow pages; TSan builds copy instead of mremap";
   tray_trim();
   constexpr size_t kStart = 2 * kMiB;
   constexpr size_t kCached = 8 * kMiB - 64 * 1024;  // a reservation of two chunks
