@@ -62,12 +62,25 @@ void cache_remove_at(size_t i) {
   g_cache[i] = g_cache[--g_cache_used];
 }
 
-// What the cache may hold: a floor, or a share of the live large bytes, whichever is more, so
-// a program that keeps hundreds of MiB of large blocks and replaces them all the time reuses
-// their pages instead of faulting in fresh ones, while a small program keeps little.
-size_t cache_limit_bytes() {
-  const size_t live = g_totals.bytes_large.load(std::memory_order_relaxed);
-  return std::max(kLargeCacheFloorBytes, live / 100 * kLargeCacheLivePercent);
+// The most bytes of live large blocks seen since g_peak_ms, which moves on (taking the live
+// bytes of the moment) once it is a cache delay old. Lock held.
+size_t g_peak_live = 0;
+uint64_t g_peak_ms = 0;
+
+// What the cache may hold: the most of a floor, a share of the live large bytes and a share of
+// the most live large bytes of the last cache delay (kLargeCache* in config.hpp say why each).
+// The last is no more than the live blocks held a moment before, so keeping it does not grow
+// resident memory, and a program that frees its large blocks together, at the end of a round
+// or of its run, leaves them to the idle purger instead of unmapping them in its own time.
+// `freeing` is the block on its way into the cache, live until now.
+size_t cache_limit_bytes(uint64_t now, size_t freeing) {
+  const size_t live = g_totals.bytes_large.load(std::memory_order_relaxed) + freeing;
+  if (live >= g_peak_live || now - g_peak_ms >= kLargeCacheDelayMs) {
+    g_peak_live = live;
+    g_peak_ms = now;
+  }
+  return std::max({kLargeCacheFloorBytes, (live - freeing) / 100 * kLargeCacheLivePercent,
+                   g_peak_live / 100 * kLargeCachePeakPercent});
 }
 
 // Index of the cached mapping that sat longest.
@@ -80,7 +93,7 @@ size_t cache_oldest() {
 
 // Moves mappings out of the cache into `out` (to be unmapped after unlocking): the expired
 // ones, then the oldest until `incoming` more bytes and one more mapping fit. Lock held.
-size_t cache_evict(uint64_t now, size_t incoming, LargeHeader** out) {
+size_t cache_evict(uint64_t now, size_t incoming, size_t limit, LargeHeader** out) {
   size_t count = 0;
   for (size_t i = 0; i < g_cache_used;) {
     if (now - g_cache[i]->cached_ms >= kLargeCacheDelayMs) {
@@ -90,7 +103,6 @@ size_t cache_evict(uint64_t now, size_t incoming, LargeHeader** out) {
       ++i;
     }
   }
-  const size_t limit = cache_limit_bytes();
   while (g_cache_used > 0 &&
          (g_cache_used == kLargeCacheCount || g_cache_bytes + incoming > limit)) {
     const size_t oldest = cache_oldest();
@@ -169,7 +181,8 @@ LargeHeader* cache_take(size_t used_bytes) {
   LargeHeader* best = nullptr;
   {
     os::LockGuard guard(g_cache_lock);
-    evicted_count = cache_evict(os::now_ms(), 0, evicted);
+    const uint64_t now = os::now_ms();
+    evicted_count = cache_evict(now, 0, cache_limit_bytes(now, 0), evicted);
     size_t best_index = 0;
     for (size_t i = 0; i < g_cache_used; ++i) {
       LargeHeader* h = g_cache[i];
@@ -199,16 +212,17 @@ LargeHeader* cache_take(size_t used_bytes) {
 }
 
 // Caches a freed mapping, or returns false if it is more than the cache may hold.
-bool cache_put(LargeHeader* header) {
+bool cache_put(LargeHeader* header, size_t usable) {
   LargeHeader* evicted[kLargeCacheCount];
   size_t evicted_count = 0;
   bool cached = false;
   header->cached_ms = os::now_ms();
   {
     os::LockGuard guard(g_cache_lock);
-    if (header->dirty_bytes <= cache_limit_bytes()) {
+    const size_t limit = cache_limit_bytes(header->cached_ms, usable);
+    if (header->dirty_bytes <= limit) {
       header = cache_coalesce(header);
-      evicted_count = cache_evict(header->cached_ms, header->dirty_bytes, evicted);
+      evicted_count = cache_evict(header->cached_ms, header->dirty_bytes, limit, evicted);
       cache_insert(header);
       cached = true;
     }
@@ -219,13 +233,86 @@ bool cache_put(LargeHeader* header) {
   return cached;
 }
 
-// Grows the reservation of `header` to new_reserve bytes: in place if the address space after
-// it is free, else by moving its pages onto a fresh reservation (page tables move, the bytes
-// do not). The header where it now lies, or nullptr (nothing changed) if the OS refuses, as
-// it does for a range that spans two of its mappings. `alignment` is the block's.
-LargeHeader* grow_reservation(LargeHeader* header, size_t new_reserve, size_t alignment) {
+// Takes out of the cache the mapping that starts at `address` if it holds at least `bytes`,
+// cut down to them; nullptr if there is none.
+LargeHeader* cache_take_at(const char* address, size_t bytes) {
+  os::LockGuard guard(g_cache_lock);
+  for (size_t i = 0; i < g_cache_used; ++i) {
+    LargeHeader* h = g_cache[i];
+    if (base_of(h) != address) continue;
+    if (h->reserve_bytes < bytes) return nullptr;
+    cache_remove_at(i);
+    cache_split(h, bytes);
+    publish_cache_usage();
+    return h;
+  }
+  return nullptr;
+}
+
+// Joins `upper`, a mapping out of the cache that lies right after `header`, to it. The dirty
+// count becomes an upper bound, as in cache_coalesce.
+void join_upper(LargeHeader* header, LargeHeader* upper) {
+  const size_t upper_dirty = upper->dirty_bytes;
   const size_t old_reserve = header->reserve_bytes;
-  if (os::remap_in_place(header, old_reserve, new_reserve)) {
+  header->dirty_bytes += upper_dirty;  // moved, not new: the totals stay
+  upper->dirty_bytes = 0;
+  set_dirty_bytes(header, old_reserve + upper_dirty);
+  header->reserve_bytes = old_reserve + upper->reserve_bytes;
+  chunk_map_set(header, header->reserve_bytes, true);
+}
+
+// Moves the pages of a cached mapping onto the part of `header`'s reservation past
+// `old_reserve`, which growing it has just added and nothing has touched: the block grows
+// into pages that are resident already instead of faulting in fresh ones, and the cache gives
+// up pages it would otherwise keep beside the grown block (page tables move, the bytes do
+// not). Touched pages past the block's `used_bytes` are kept as a reused mapping's are. Nothing
+// changes if the cache has no mapping with touched pages to give, or the kernel refuses the
+// move (a cached mapping that was joined spans two of its mappings).
+void fill_from_cache(LargeHeader* header, size_t old_reserve, size_t used_bytes) {
+  const size_t room = header->reserve_bytes - old_reserve;
+  LargeHeader* cached = cache_take(room);
+  if (cached == nullptr) return;
+  const size_t bytes = cached->reserve_bytes;
+  const size_t moved_dirty = cached->dirty_bytes;
+  bool moved = false;
+  if (bytes <= room && moved_dirty > os::page_size()) {
+    // Cleared before the move, as in grow_reservation; the target range was marked for
+    // `header` when it grew.
+    chunk_map_clear(cached, bytes);
+    moved = os::remap_to(cached, bytes, bytes, base_of(header) + old_reserve);
+    if (!moved) chunk_map_set(cached, bytes, true);
+  }
+  if (!moved) {
+    if (!cache_put(cached, 0)) unmap_mapping(cached);
+    return;
+  }
+  // Its header went with its pages and now lies inside the block: nothing reads it again.
+  count_sub(g_totals.bytes_mapped, bytes);
+  header->dirty_bytes += moved_dirty;  // moved, not new: the totals stay
+  set_dirty_bytes(header, old_reserve + moved_dirty);
+  if (header->dirty_bytes > used_bytes + used_bytes / kLargeCacheFitRatio)
+    purge_tail(header, used_bytes);
+}
+
+// Grows the reservation of `header` to hold used_bytes (in whole chunks): by joining the cached
+// mapping right after it (no system call), in place if the address space after it is free,
+// else by moving its pages onto a fresh reservation (page tables move, the bytes do not); what
+// growing added is then filled from the cache. The header where it now lies, or nullptr
+// (nothing changed) if the OS refuses, as it does for a move of a range that spans two of its
+// mappings. `alignment` is the block's.
+LargeHeader* grow_reservation(LargeHeader* header, size_t used_bytes, size_t alignment) {
+  const size_t new_reserve = align_up(used_bytes, kSegmentBytes);
+  const size_t old_reserve = header->reserve_bytes;
+  const size_t extra = new_reserve - old_reserve;
+  if (LargeHeader* upper = cache_take_at(base_of(header) + old_reserve, extra)) {
+    join_upper(header, upper);
+    return header;
+  }
+  // Only the last chunk is named to the kernel: it lies in the last of the kernel's mappings
+  // that a joined reservation is made of (they meet at chunk boundaries), which is the one to
+  // grow, and naming the whole range would fail for a joined one.
+  char* last_chunk = base_of(header) + old_reserve - kSegmentBytes;
+  if (os::remap_in_place(last_chunk, kSegmentBytes, kSegmentBytes + extra)) {
     chunk_map_set(header, new_reserve, true);
   } else {
     void* target = os::reserve_aligned(new_reserve, std::max(alignment, kSegmentBytes));
@@ -244,6 +331,7 @@ LargeHeader* grow_reservation(LargeHeader* header, size_t new_reserve, size_t al
   header->reserve_bytes = new_reserve;
   count_add(g_totals.bytes_mapped, new_reserve);
   count_sub(g_totals.bytes_mapped, old_reserve);
+  fill_from_cache(header, old_reserve, used_bytes);
   return header;
 }
 
@@ -261,8 +349,9 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
   LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(used_bytes) : nullptr;
   if (header != nullptr && header->reserve_bytes < used_bytes) {
-    LargeHeader* grown = grow_reservation(header, align_up(used_bytes, kSegmentBytes), alignment);
-    if (grown == nullptr) unmap_mapping(header);
+    LargeHeader* grown = grow_reservation(header, used_bytes, alignment);
+    // What it held stays cached for another request; this one gets a fresh mapping.
+    if (grown == nullptr && !cache_put(header, 0)) unmap_mapping(header);
     header = grown;
   }
   if (header != nullptr) {
@@ -308,10 +397,11 @@ size_t large_usable_size(const LargeHeader* header) {
 }
 
 void large_free(LargeHeader* header) {
-  count_sub(g_totals.bytes_large, large_usable_size(header));
+  const size_t usable = large_usable_size(header);
+  count_sub(g_totals.bytes_large, usable);
   count_add(g_totals.large_frees, 1);
   header->user = nullptr;  // a second free of the block no longer finds it
-  if (!cache_put(header)) unmap_mapping(header);
+  if (!cache_put(header, usable)) unmap_mapping(header);
 }
 
 void large_retire(LargeHeader* header, void* user) {
@@ -337,7 +427,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
     // back to the OS when it is most of the block.
     if (new_used <= old_used / 2) purge_tail(header, new_used);
   } else {
-    header = grow_reservation(header, align_up(new_used, kSegmentBytes), header->alignment);
+    header = grow_reservation(header, new_used, header->alignment);
     if (header == nullptr) return nullptr;
     header->user = base_of(header) + offset;
   }
@@ -371,7 +461,7 @@ uint64_t large_purge_expired(uint64_t now_ms) {
   uint64_t due = kNeverMs;
   {
     os::LockGuard guard(g_cache_lock);
-    count = cache_evict(now_ms, 0, evicted);
+    count = cache_evict(now_ms, 0, cache_limit_bytes(now_ms, 0), evicted);
     for (size_t i = 0; i < g_cache_used; ++i)
       due = std::min(due, g_cache[i]->cached_ms + kLargeCacheDelayMs);
     publish_cache_usage();

@@ -64,11 +64,16 @@ inline constexpr uint32_t kRemoteBatchBlocks = 64;
 inline constexpr size_t kHeapRetainedBytes = size_t{1} << 20;
 
 // Freed large blocks kept mapped for reuse: at most this many mappings, holding at most the
-// larger of a floor and a share of the bytes of live large blocks (a program that replaces
-// big buffers all the time then reuses their pages instead of faulting in new ones)...
+// largest of a floor, a share of the bytes of live large blocks (a program that replaces big
+// buffers all the time then reuses their pages instead of faulting in new ones) and a share of
+// the most live large bytes within the last kLargeCacheDelayMs (a program that frees its big
+// buffers together, at the end of a round or of its run, does not unmap them while it frees;
+// all of them would let a buffer that grows by realloc beside the cache take resident memory
+// past glibc's)...
 inline constexpr size_t kLargeCacheCount = 64;
 inline constexpr size_t kLargeCacheFloorBytes = size_t{64} << 20;
 inline constexpr size_t kLargeCacheLivePercent = 100;
+inline constexpr size_t kLargeCachePeakPercent = 50;
 // ...each for at most this long: reuse in a loop comes within milliseconds, while a program
 // whose large blocks went out of use should not keep them for a phase of other sizes.
 inline constexpr uint64_t kLargeCacheDelayMs = 500;

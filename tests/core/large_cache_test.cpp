@@ -1,0 +1,115 @@
+// The large cache's policies, each observed through what the program would see: page faults
+// when a grown block is written, the cache's counters, and what comes back to the OS. A block
+// that grows takes cached pages instead of faulting in fresh ones; a burst of big blocks freed
+// together stays cached (not unmapped while the program frees) until the idle purger gives it
+// back; a cached mapping that could not be grown for a request is kept, not thrown away.
+#include <sys/resource.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+
+#include "core/config.hpp"
+#include "platform/os.hpp"
+#include "support.hpp"
+#include "traymalloc.h"
+
+namespace {
+
+using tray_test::kMiB;
+
+long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+size_t cached_bytes() { return tray_test::stats_now().large.cached_bytes; }
+
+void* touched_block(size_t bytes, int value) {
+  void* p = tray_malloc(bytes);
+  if (p != nullptr) std::memset(p, value, bytes);
+  return p;
+}
+
+// A block that grows past its reservation while the cache holds a freed mapping with touched
+// pages gets those pages (joined, or moved in by the kernel) for what it grew: writing the
+// grown part faults in only the block's own untouched tail. Without it, every page of the
+// grown part is a fresh page fault, and the cached pages sit beside it until evicted.
+TEST(LargeCache, GrowingBlockTakesCachedPages) {
+  if (tray_test::kSanitized)
+    GTEST_SKIP() << "sanitizers fault in shadow pages; TSan builds copy instead of mremap";
+  tray_trim();
+  constexpr size_t kStart = 2 * kMiB;
+  constexpr size_t kCached = 8 * kMiB - 64 * 1024;  // a reservation of two chunks
+  constexpr size_t kGrown = 10 * kMiB;
+  auto* block = static_cast<unsigned char*>(touched_block(kStart, 0x21));
+  ASSERT_NE(block, nullptr);
+  void* freed = touched_block(kCached, 0x42);
+  ASSERT_NE(freed, nullptr);
+  tray_free(freed);
+  ASSERT_GE(cached_bytes(), kCached);
+
+  block = static_cast<unsigned char*>(tray_realloc(block, kGrown));
+  ASSERT_NE(block, nullptr);
+  const long before = minor_faults();
+  std::memset(block + kStart, 0x63, kGrown - kStart);
+  const long faults = minor_faults() - before;
+
+  const long grown_pages = long((kGrown - kStart) / tray::os::page_size());
+  EXPECT_LT(faults, grown_pages / 2) << "the grown part was faulted in afresh";
+  EXPECT_LT(cached_bytes(), kCached) << "the cached pages stayed in the cache";
+  for (size_t i = 0; i < kStart; i += 4096) ASSERT_EQ(block[i], 0x21) << "offset " << i;
+  ASSERT_EQ(block[kStart - 1], 0x21);
+  tray_free(block);
+}
+
+// Big blocks freed together, as at the end of a round of work: the cache keeps half of what was
+// live a moment before (more than its floor), so the frees do not unmap while the program
+// waits on them; the idle purger gives it all back after the cache delay.
+TEST(LargeCache, BurstFreedTogetherStaysCachedThenGoesBack) {
+  tray_trim();
+  constexpr size_t kBlockBytes = 16 * kMiB;
+  constexpr size_t kCount = 12;  // 192 MiB live: half of it is above the 64 MiB floor
+  static_assert(kCount * kBlockBytes / 2 > tray::kLargeCacheFloorBytes + kBlockBytes);
+  void* blocks[kCount];
+  for (void*& p : blocks) {
+    p = touched_block(kBlockBytes, 0x5a);
+    ASSERT_NE(p, nullptr);
+  }
+  for (void* p : blocks) tray_free(p);
+  EXPECT_GT(cached_bytes(), tray::kLargeCacheFloorBytes);
+  EXPECT_LE(cached_bytes(), kCount * kBlockBytes / 2 + kBlockBytes);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(tray::kLargeCacheDelayMs * 3));
+  EXPECT_EQ(cached_bytes(), 0u) << "the idle purger kept the burst";
+  EXPECT_EQ(tray_test::stats_now().large.cached_blocks, 0u);
+}
+
+// When the kernel refuses to grow the cached mapping picked for a bigger request, the request
+// gets a mapping of its own and the cached one stays for the next request.
+TEST(LargeCache, MappingThatCannotGrowStaysCached) {
+  if (tray_test::kThreadSanitizer) GTEST_SKIP() << "TSan builds never grow mappings with mremap";
+  tray_trim();
+  void* freed = touched_block(6 * kMiB, 0x11);
+  ASSERT_NE(freed, nullptr);
+  tray_free(freed);
+  const size_t cached = cached_bytes();
+  ASSERT_GE(cached, 6 * kMiB);
+
+  tray::os::inject_faults(tray::os::kFaultMremap, 1, UINT64_MAX / 2);
+  void* big = tray_malloc(20 * kMiB);
+  const uint64_t refused = tray::os::faults_injected();
+  tray::os::inject_faults(0, 0, 0);
+  ASSERT_NE(big, nullptr);
+  EXPECT_GT(refused, 0u) << "the request did not try to grow the cached mapping";
+  EXPECT_EQ(cached_bytes(), cached) << "the cached mapping was thrown away";
+  std::memset(big, 0x7e, 20 * kMiB);
+  tray_free(big);
+}
+
+}  // namespace
