@@ -22,6 +22,7 @@ size_t g_cache_bytes = 0;  // bytes the cached mappings may hold resident (their
 // Copies of the two for the statistics, which read them without the lock.
 std::atomic<size_t> g_cache_used_seen{0};
 std::atomic<size_t> g_cache_bytes_seen{0};
+uint64_t g_last_request_ms = 0;  // the last large request that could take from the cache
 
 void publish_cache_usage() {
   g_cache_used_seen.store(g_cache_used, std::memory_order_relaxed);
@@ -91,12 +92,19 @@ size_t cache_oldest() {
   return oldest;
 }
 
+// When a cached mapping goes: kLargeCacheDelayMs after it came in, or kLargeCacheIdleMs after
+// that or after the last large request, whichever is later, if that is sooner. Lock held.
+uint64_t cache_expiry_ms(const LargeHeader* header) {
+  const uint64_t idle_from = std::max(header->cached_ms, g_last_request_ms);
+  return std::min(header->cached_ms + kLargeCacheDelayMs, idle_from + kLargeCacheIdleMs);
+}
+
 // Moves mappings out of the cache into `out` (to be unmapped after unlocking): the expired
 // ones, then the oldest until `incoming` more bytes and one more mapping fit. Lock held.
 size_t cache_evict(uint64_t now, size_t incoming, size_t limit, LargeHeader** out) {
   size_t count = 0;
   for (size_t i = 0; i < g_cache_used;) {
-    if (now - g_cache[i]->cached_ms >= kLargeCacheDelayMs) {
+    if (now >= cache_expiry_ms(g_cache[i])) {
       out[count++] = g_cache[i];
       cache_remove_at(i);
     } else {
@@ -182,6 +190,7 @@ LargeHeader* cache_take(size_t used_bytes) {
   {
     os::LockGuard guard(g_cache_lock);
     const uint64_t now = os::now_ms();
+    g_last_request_ms = now;
     evicted_count = cache_evict(now, 0, cache_limit_bytes(now, 0), evicted);
     size_t best_index = 0;
     for (size_t i = 0; i < g_cache_used; ++i) {
@@ -463,7 +472,7 @@ uint64_t large_purge_expired(uint64_t now_ms) {
     os::LockGuard guard(g_cache_lock);
     count = cache_evict(now_ms, 0, cache_limit_bytes(now_ms, 0), evicted);
     for (size_t i = 0; i < g_cache_used; ++i)
-      due = std::min(due, g_cache[i]->cached_ms + kLargeCacheDelayMs);
+      due = std::min(due, cache_expiry_ms(g_cache[i]));
     publish_cache_usage();
   }
   for (size_t i = 0; i < count; ++i) unmap_mapping(evicted[i]);

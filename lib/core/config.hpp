@@ -44,11 +44,11 @@ inline constexpr uint64_t kPurgerLateMs = 10;
 // A page whose live blocks are at most this share of its carved blocks, and that nothing
 // allocated from for a pass or two, gives its OS pages that hold only free blocks back to the
 // OS (sparse.cpp). Such pages are left over from a phase whose class went out of use.
-inline constexpr size_t kSparsePagePercent = 25;
+inline constexpr size_t kSparsePagePercent = 50;
 // A heap looks for such pages at most this often, from slow paths that take a page or serve a
 // large block. Short, so that a class that went out of use gives its memory back while the
 // next phase is still going (sparse.cpp says which pages are worth a look).
-inline constexpr uint64_t kSparsePassMs = 20;
+inline constexpr uint64_t kSparsePassMs = 5;
 // Fully empty segments kept mapped (their units purged) to save a later mmap.
 inline constexpr size_t kSegmentCacheCount = 4;
 
@@ -77,6 +77,10 @@ inline constexpr size_t kLargeCachePeakPercent = 50;
 // ...each for at most this long: reuse in a loop comes within milliseconds, while a program
 // whose large blocks went out of use should not keep them for a phase of other sizes.
 inline constexpr uint64_t kLargeCacheDelayMs = 500;
+// ...or only this long once no large block was asked for within it: a program whose large
+// blocks went out of use frees them at a high rate (its new, smaller blocks take their place)
+// and would keep every one of the last kLargeCacheDelayMs for nobody.
+inline constexpr uint64_t kLargeCacheIdleMs = 150;
 // A reused mapping keeps touched pages past the block's end only up to 1/kLargeCacheFitRatio
 // of the block; the rest goes back to the OS.
 inline constexpr size_t kLargeCacheFitRatio = 2;
