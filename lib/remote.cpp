@@ -1,6 +1,7 @@
 #include "remote.hpp"
 
 #include "heap.hpp"
+#include "options.hpp"
 #include "segment.hpp"
 
 namespace tray {
@@ -11,7 +12,9 @@ namespace {
 // link and its free key (free_key.hpp), so that the owner reads two blocks of a run instead of
 // all of them: handing blocks back one by one chased a pointer through lines that the sender
 // had just written, one miss after the other. A 16-byte block has no room for it: in that class
-// every block is a run of its own, and goes back as before.
+// every block is a run of its own, and goes back as before. So is every block in debug mode,
+// which fills free blocks and checks the fill when it hands them out again (the mode is fixed
+// at the allocator's first use, so sender and owner agree).
 struct RunHeader {
   Block* next;
   uint64_t free_key;
@@ -19,7 +22,9 @@ struct RunHeader {
   uint64_t count;
 };
 
-TRAY_INLINE bool has_header(const Page* page) { return page->block_bytes >= sizeof(RunHeader); }
+TRAY_INLINE bool has_header(const Page* page) {
+  return page->block_bytes >= sizeof(RunHeader) && !debug_mode();
+}
 TRAY_INLINE RunHeader* header_of(Block* block) { return reinterpret_cast<RunHeader*>(block); }
 
 // Pushes the list first..last onto the owner's stack of remote frees.
