@@ -11,6 +11,7 @@
 #include "platform/os.hpp"
 #include "prof.hpp"
 #include "purger.hpp"
+#include "remote.hpp"
 #include "sample.hpp"
 #include "segment.hpp"
 #include "sparse.hpp"
@@ -111,49 +112,11 @@ void release_page(Heap* heap, Page* page) {
   page_release(page);
 }
 
-// --- remote frees ------------------------------------------------------------------------
-// Pushes the list first..last onto the owner's stack of remote frees.
-void push_remote(Heap* owner, Block* first, Block* last) {
-  Block* head = owner->remote_free.load(std::memory_order_relaxed);
-  do {
-    last->next = head;
-  } while (!owner->remote_free.compare_exchange_weak(head, first, std::memory_order_release,
-                                                     std::memory_order_relaxed));
-}
-
-void flush_bucket(RemoteBucket& bucket) {
-  if (bucket.count == 0) return;
-  push_remote(bucket.target, bucket.head, bucket.tail);
-  bucket = RemoteBucket{};
-}
-
-void flush_outgoing(Heap* heap) {
-  for (RemoteBucket& bucket : heap->outgoing) flush_bucket(bucket);
-}
-
-// Heaps are cache-line aligned and thousands of bytes apart: the bits above the line offset,
-// mixed by a multiplicative hash, spread owners over the buckets.
-RemoteBucket& bucket_for(Heap* self, const Heap* owner) {
-  const uint64_t key = (reinterpret_cast<uintptr_t>(owner) >> 6) * 0x9E3779B97F4A7C15ULL;
-  return self->outgoing[key >> (64 - kRemoteBucketShift)];
-}
-
-void drain_remote(Heap* heap) {
-  Block* block = heap->remote_free.exchange(nullptr, std::memory_order_acquire);
-  while (block != nullptr) {
-    Block* next = block->next;
-    // The blocks come from other threads' caches: start the next miss while handling this one.
-    __builtin_prefetch(next);
-    page_free_local(heap, page_of(segment_of(block), block), block);
-    block = next;
-  }
-}
-
 // Returns every page of the heap that holds no live block (after taking in remote frees).
 // Debug mode keeps them: a page that changed class could turn a stale pointer into a valid
 // block of another size, and a double free into a free of somebody else's block.
 bool release_empty_pages(Heap* heap) {
-  drain_remote(heap);
+  remote_drain(heap);
   if (debug_mode()) return false;
   bool released = false;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
@@ -229,7 +192,7 @@ Page* find_page(Heap* heap, unsigned c) {
   // Before taking a page: blocks held back for their owners may be what another heap needs
   // to avoid taking one too. Not on every slow path: in classes whose pages hold few blocks
   // that would send batches of two or three, one compare-and-swap each.
-  flush_outgoing(heap);
+  remote_flush(heap);
   maybe_collect_parked();
   sparse_pass(heap, false);
   // The class grows: a moment when its live count is at a high.
@@ -310,7 +273,7 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
 }
 
 void* heap_refill_pop(Heap* heap, unsigned size_class, size_t size) noexcept {
-  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) drain_remote(heap);
+  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(heap);
   Page* page = find_page(heap, size_class);
   if (page == nullptr) {
     errno = ENOMEM;
@@ -351,6 +314,10 @@ void heap_free_remote(Block* block) noexcept {
     }
   }
   free_key_check_and_set(page, block);
+  // A thread that frees what others allocated, and never allocated itself (a consumer), gets a
+  // heap here: without buckets to gather in, each block went home alone, a compare-and-swap on
+  // the owner's stack per free and a one-block run for the owner to take in.
+  if (TRAY_UNLIKELY(tls_heap == &g_empty_heap) && tls_own_heap == nullptr) heap_attach_thread();
   heap_count_free(tls_heap, page);
   // Before the block can reach the profile's heap, and be handed out again.
   if (TRAY_UNLIKELY(page->heap == g_prof_heap.load(std::memory_order_relaxed))) prof_forget(block);
@@ -369,24 +336,8 @@ void heap_count_free(Heap* self, const Page* page) noexcept {
 
 void heap_free_block(Heap* self, Page* page, Block* block) noexcept {
   Heap* owner = page->heap;
-  if (owner == self) {
-    page_free_local(self, page, block);
-    return;
-  }
-  if (self == &g_empty_heap) {  // a thread that never allocated has nowhere to gather
-    block->next = nullptr;
-    push_remote(owner, block, block);
-    return;
-  }
-  RemoteBucket& bucket = bucket_for(self, owner);
-  if (bucket.target != owner) {
-    flush_bucket(bucket);
-    bucket.target = owner;
-    bucket.tail = block;
-  }
-  block->next = bucket.head;
-  bucket.head = block;
-  if (++bucket.count == kRemoteBatchBlocks) flush_bucket(bucket);
+  if (owner == self) page_free_local(self, page, block);
+  else remote_send(self, page, block);
 }
 
 Heap* heap_attach_thread() {
@@ -419,8 +370,8 @@ Heap* heap_create_unowned() {
 // The heap keeps its retained empty pages: the next thread to start adopts them with the heap,
 // instead of taking them back from the pool (collect_parked gives them back if none comes).
 void heap_detach_thread(Heap* heap) {
-  flush_outgoing(heap);
-  drain_remote(heap);
+  remote_flush(heap);
+  remote_drain(heap);
   if (tls_heap == heap) tls_heap = &g_empty_heap;
   if (tls_own_heap == heap) tls_own_heap = nullptr;
   count_sub(g_totals.threads_attached, 1);
@@ -458,7 +409,7 @@ const Heap* heap_list() { return g_all_heaps.load(std::memory_order_acquire); }
 bool heap_trim() {
   bool released = false;
   if (Heap* own = tls_own_heap; own != nullptr) {
-    flush_outgoing(own);
+    remote_flush(own);
     released |= release_empty_pages(own);
     released |= sparse_pass(own, true);
   }
@@ -469,8 +420,8 @@ bool heap_trim() {
 void heap_exchange_remote() noexcept {
   Heap* heap = tls_own_heap;
   if (heap == nullptr || debug_mode()) return;
-  flush_outgoing(heap);
-  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) drain_remote(heap);
+  remote_flush(heap);
+  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(heap);
   sparse_pass(heap, false);
 }
 

@@ -1,6 +1,6 @@
 // Thread heaps. Each thread allocates from its own heap without locks or atomic
-// read-modify-writes; a block freed by another thread goes onto its owner heap's remote
-// stack (one compare-and-swap) and the owner takes the stack back whole on its slow path.
+// read-modify-writes; a block freed by another thread goes home in a batch onto its owner
+// heap's remote stack (remote.hpp) and the owner takes the stack back whole on its slow path.
 // A heap outlives its thread: at thread exit it is parked, and the next new thread adopts it,
 // pages and pending remote frees included, so heap identity never changes under a remote free.
 #pragma once

@@ -182,6 +182,9 @@ bool sparse_pass(Heap* heap, bool force) {
 }
 
 bool sparse_refill(Page* page) {
+  // Only a scrubbed page can have OS pages given back; the queue scans that look at every
+  // full page are then spared building the set of an unscrubbed one.
+  if (page->scrubbed_used == 0) return false;
   const Geometry g = geometry();
   if (g.per_unit == 0) return false;
   bool any;

@@ -103,10 +103,13 @@ struct PageQueue {
 // Blocks on their way to one owner heap: a list built by the freeing thread alone, sent to the
 // owner's remote_free stack in one compare-and-swap when it holds kRemoteBatchBlocks blocks,
 // when a block for another owner needs the bucket, or before the sender takes a new page.
+// The list is a chain of runs, each of blocks of one page, that the owner puts back on their
+// page whole (remote.cpp).
 struct RemoteBucket {
   Heap* target = nullptr;
-  Block* head = nullptr;
-  Block* tail = nullptr;
+  Block* head = nullptr;     // the newest run's first block
+  Block* tail = nullptr;     // the last block of the oldest run
+  Page* run_page = nullptr;  // the page of the newest run, while more of its blocks may join
   uint32_t count = 0;
 };
 

@@ -5,6 +5,7 @@
 // as a broken fill pattern).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <thread>
@@ -116,6 +117,78 @@ TEST(RemoteFree, FreesIntoTheHeapOfAnExitedThread) {
       if (block.ptr == nullptr || !tray_test::free_checked(block)) corrupt.fetch_add(1);
   }).join();
   EXPECT_EQ(corrupt.load(), 0u);
+}
+
+unsigned long long class_pages(size_t bytes) {
+  return tray_test::stats_now().classes[tray::size_class_of(bytes)].pages;
+}
+
+// Blocks travel home as runs of one page (remote.cpp), and 16-byte blocks, too small to carry a
+// run's header, alone. A sender frees whole pages of full (floating) 64-byte pages in order, so
+// that runs span batches, with 16-byte blocks and blocks of a page further on slipped in
+// between. A run cut wrong loses blocks (a page stays in use after the trim) or delivers some
+// twice (the same address handed out twice, or a broken fill).
+TEST(RemoteFree, RunsOfOnePageWithSingleBlocksBetween) {
+  constexpr size_t kRunBytes = 64;
+  constexpr size_t kLoneBytes = 16;
+  tray_trim();
+  const unsigned long long run_pages_before = class_pages(kRunBytes);
+  const unsigned long long lone_pages_before = class_pages(kLoneBytes);
+  const size_t per_page = tray::class_slab_bytes(tray::size_class_of(kRunBytes)) / kRunBytes;
+  const size_t run_count = per_page * 4 + per_page / 3;
+  std::vector<Block> runs, lone;
+  for (size_t i = 0; i < run_count; ++i) runs.push_back(tray_test::allocate_filled(kRunBytes));
+  for (size_t i = 0; i < run_count / 5; ++i) lone.push_back(tray_test::allocate_filled(kLoneBytes));
+  std::vector<Block> order;
+  size_t l = 0;
+  for (size_t i = 0; i < run_count; ++i) {
+    order.push_back(runs[i]);
+    if (i % 5 == 2) order.push_back(lone[l++]);
+    // A block of a page ahead, then one of this page again: the run must restart.
+    if (i % 97 == 50 && i + per_page < run_count) {
+      order.push_back(runs[i + per_page]);
+      runs[i + per_page].ptr = nullptr;
+    }
+  }
+  while (l < lone.size()) order.push_back(lone[l++]);
+  std::atomic<size_t> corrupt{0};
+  std::thread([&] {
+    tray_free(tray_malloc(kRunBytes));  // a heap of its own: runs in buckets
+    for (const Block& block : order)
+      if (block.ptr != nullptr && !tray_test::free_checked(block)) corrupt.fetch_add(1);
+  }).join();
+  EXPECT_EQ(corrupt.load(), 0u);
+  tray_trim();
+  EXPECT_EQ(class_pages(kRunBytes), run_pages_before) << "a run lost blocks on its way home";
+  EXPECT_EQ(class_pages(kLoneBytes), lone_pages_before);
+  std::vector<Block> again;
+  for (size_t i = 0; i < run_count; ++i) again.push_back(tray_test::allocate_filled(kRunBytes));
+  std::vector<void*> addresses;
+  for (const Block& block : again) addresses.push_back(block.ptr);
+  std::sort(addresses.begin(), addresses.end());
+  EXPECT_EQ(std::adjacent_find(addresses.begin(), addresses.end()), addresses.end())
+      << "a block delivered twice was handed out twice";
+  for (const Block& block : again) EXPECT_TRUE(tray_test::free_checked(block));
+}
+
+// A consumer: a thread that never allocates, and only frees blocks other threads made. It gets
+// a heap at its first such free, so that its frees travel in batches; when it exits, what its
+// buckets still hold must reach the owner.
+TEST(RemoteFree, ConsumerThatNeverAllocatedSendsEverythingHome) {
+  tray_trim();
+  const unsigned long long pages_before = probe_class_pages();
+  const unsigned long long exited_before = tray_test::stats_now().threads_exited;
+  std::vector<Block> blocks = allocate_probe_blocks(tray::kRemoteBatchBlocks * 3 + 7);
+  std::atomic<size_t> corrupt{0};
+  std::thread([&] {
+    for (const Block& block : blocks)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+  }).join();
+  EXPECT_EQ(corrupt.load(), 0u);
+  EXPECT_EQ(tray_test::stats_now().threads_exited - exited_before, 1u)
+      << "the consumer got no heap of its own";
+  tray_trim();
+  EXPECT_EQ(probe_class_pages(), pages_before) << "blocks stranded in the exited consumer";
 }
 
 // Owners and senders at once, both ways, with threads replaced while blocks are in flight

@@ -90,9 +90,10 @@ TEST(Stats, ThreadsAndRemoteFreesReconcileOnceQuiet) {
   }
   EXPECT_EQ(allocations, uint64_t(kThreads) * kBlocks);
   EXPECT_EQ(frees, uint64_t(kThreads) * kBlocks);
-  EXPECT_GE(after.remote_frees - before.remote_frees, uint64_t(kThreads) * kBlocks);
-  // The freeing threads never allocated, so they never had a heap to leave.
-  EXPECT_EQ(after.threads_exited - before.threads_exited, uint64_t(kThreads));
+  // A freeing thread may adopt the parked heap that owns what it frees, and free locally.
+  EXPECT_LE(after.remote_frees - before.remote_frees, uint64_t(kThreads) * kBlocks);
+  // The freeing threads never allocated, but got heaps to gather their remote frees in.
+  EXPECT_EQ(after.threads_exited - before.threads_exited, uint64_t(kThreads) * 2);
 }
 
 TEST(Stats, OsCallsAndMemoryAreCounted) {
