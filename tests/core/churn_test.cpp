@@ -171,6 +171,9 @@ TEST(Churn, ManyThreadsFreeIntoTheHeapOfADeadThread) {
 // fork while threads start, exit, free each other's blocks and trim: the child, whose other
 // threads do not exist, allocates and frees in every class and runs a thread of its own.
 TEST(Churn, ForkWhileThreadsChurn) {
+  // ThreadSanitizer kills a child that starts a thread after a multi-threaded fork, and the
+  // child of a fork that comes before the purger thread first started would start it.
+  if (tray_test::kThreadSanitizer) ASSERT_EQ(tray_option_set("purge_thread", "0"), 0);
   std::atomic<bool> stop{false};
   Mailbox mailbox;
   Counts counts;
