@@ -34,8 +34,11 @@ __thread Heap* tls_own_heap = nullptr;
 
 namespace {
 
-os::Mutex g_heaps_lock;           // the parked list and metadata memory
-Heap* g_parked = nullptr;         // heaps without a thread
+// Heaps without a thread, a stack: an exiting thread pushes its heap with a compare-and-swap,
+// and taking heaps off (one for a starting thread, or all of them to collect) holds the lock,
+// so no popper can meet a heap that another popper took and pushed again in between (ABA).
+os::Mutex g_heaps_lock;           // popping from g_parked, and metadata memory
+std::atomic<Heap*> g_parked{nullptr};
 std::atomic<Heap*> g_all_heaps{nullptr};
 char* g_meta_cursor = nullptr;    // metadata bump allocation
 char* g_meta_end = nullptr;
@@ -132,31 +135,60 @@ bool release_empty_pages(Heap* heap) {
   return released;
 }
 
+void park(Heap* first, Heap* last) {
+  Heap* head = g_parked.load(std::memory_order_relaxed);
+  do {
+    last->next_abandoned = head;
+  } while (!g_parked.compare_exchange_weak(head, first, std::memory_order_release,
+                                           std::memory_order_relaxed));
+}
+
 // Parked heaps get no slow path of their own: remote frees into them would wait for the next
 // thread to start. Threads that need a page (and the idle purger) take them back now and then,
 // and give back the empty pages of heaps that no thread adopted within kPurgeDelayMs. Returns
-// when a parked heap's retained pages will be due, or kNeverMs.
+// when a parked heap's retained pages will be due, or kNeverMs. Only the heaps with work
+// leave the parked stack, each going back as soon as it is done: a thread that starts during a
+// collection still finds the others to adopt instead of making a new heap.
 uint64_t collect_parked(bool every_heap, bool* released) {
   const uint64_t now = os::now_ms();
-  Heap* taken;
+  auto needs_work = [&](const Heap* heap) {
+    return every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr ||
+           (heap->retained_bytes != 0 && now - heap->parked_ms >= kPurgeDelayMs);
+  };
+  Heap* work = nullptr;
   {
     os::LockGuard guard(g_heaps_lock);
-    taken = g_parked;
-    g_parked = nullptr;
+    Heap* taken = g_parked.exchange(nullptr, std::memory_order_acquire);
+    if (taken == nullptr) return kNeverMs;
+    Heap* idle_first = nullptr;
+    Heap* idle_last = nullptr;
+    for (Heap* heap = taken; heap != nullptr;) {
+      Heap* next = heap->next_abandoned;
+      if (needs_work(heap)) {
+        heap->next_abandoned = work;
+        work = heap;
+      } else {
+        heap->next_abandoned = idle_first;
+        if (idle_first == nullptr) idle_last = heap;
+        idle_first = heap;
+      }
+      heap = next;
+    }
+    if (idle_first != nullptr) park(idle_first, idle_last);
   }
-  if (taken == nullptr) return kNeverMs;
+  while (work != nullptr) {
+    Heap* heap = work;
+    work = heap->next_abandoned;
+    *released |= release_empty_pages(heap);
+    park(heap, heap);
+  }
+  // The stack holds every heap again but those adopted meanwhile, whose pages are their
+  // threads' business now.
   uint64_t due = kNeverMs;
-  Heap* last = taken;
-  for (Heap* heap = taken; heap != nullptr; heap = heap->next_abandoned) {
-    if (every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr ||
-        (heap->retained_bytes != 0 && now - heap->parked_ms >= kPurgeDelayMs))
-      *released |= release_empty_pages(heap);
-    if (heap->retained_bytes != 0) due = std::min(due, heap->parked_ms + kPurgeDelayMs);
-    last = heap;
-  }
   os::LockGuard guard(g_heaps_lock);
-  last->next_abandoned = g_parked;
-  g_parked = taken;
+  for (Heap* heap = g_parked.load(std::memory_order_acquire); heap != nullptr;
+       heap = heap->next_abandoned)
+    if (heap->retained_bytes != 0) due = std::min(due, heap->parked_ms + kPurgeDelayMs);
   return due;
 }
 
@@ -344,9 +376,11 @@ Heap* heap_attach_thread() {
   Heap* heap;
   {
     os::LockGuard guard(g_heaps_lock);
-    heap = g_parked;
+    heap = g_parked.load(std::memory_order_acquire);
+    while (heap != nullptr && !g_parked.compare_exchange_weak(heap, heap->next_abandoned,
+                                                              std::memory_order_acquire)) {
+    }
     if (heap != nullptr) {
-      g_parked = heap->next_abandoned;
       heap->next_abandoned = nullptr;
       count_sub(g_totals.heaps_abandoned, 1);
     } else {
@@ -378,13 +412,9 @@ void heap_detach_thread(Heap* heap) {
   count_add(g_totals.threads_exited, 1);
   // Read before parking: from then on the next thread to start may own the heap.
   const bool holds_pages = heap->retained_bytes != 0;
-  {
-    os::LockGuard guard(g_heaps_lock);
-    heap->parked_ms = os::now_ms();
-    heap->next_abandoned = g_parked;
-    g_parked = heap;
-    count_add(g_totals.heaps_abandoned, 1);
-  }
+  heap->parked_ms = os::now_ms();
+  count_add(g_totals.heaps_abandoned, 1);
+  park(heap, heap);
   if (holds_pages) purger_notify();
 }
 

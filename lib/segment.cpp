@@ -81,57 +81,136 @@ void segment_unmap(Segment* s) {
   count_sub(g_totals.bytes_decommitted, kSegmentBytes - kUnitBytes);
 }
 
-// Units the kernel would not purge stay dirty, for a later purge to try again.
-void purge_dirty_units(Segment* s) {
-  uint64_t dirty = s->dirty_units;
-  while (dirty != 0) {
-    const unsigned first = unsigned(std::countr_zero(dirty));
-    const unsigned count = unsigned(std::countr_one(dirty >> first));
+// Units a purge took out of the pool: off both the free and the dirty masks while madvise
+// runs outside the lock, so that no thread hands them out and no other purge picks them.
+struct PurgeClaim {
+  Segment* segment;
+  uint64_t units;
+};
+
+// What a lock holder set aside for the system calls that follow once it lets go: the pool
+// lock guards a few list and mask updates, never madvise, mmap or munmap, so threads that take
+// or return pages do not wait behind another thread's call into the kernel.
+struct PoolWork {
+  PurgeClaim claims[kPoolPurgeClaimsPerRound];
+  unsigned count = 0;
+  bool more = false;          // dirty units were left for the next round
+  bool trim = false;          // empty segments are unmapped, not cached
+  Segment* unmap = nullptr;   // retired beyond the cache, linked through `next`
+};
+
+void claim_dirty(Segment* s, PoolWork& work) {
+  const uint64_t units = s->dirty_units;
+  TRAY_ASSERT((units & ~s->free_units) == 0);
+  s->free_units &= ~units;
+  s->dirty_units = 0;
+  if (s->free_units == 0) list_remove(g_partial, s);
+  g_dirty_bytes -= size_t(popcount64(units)) * kUnitBytes;
+  work.claims[work.count++] = {s, units};
+}
+
+// Outside the lock. The runs the kernel would not purge, which stay dirty for a later try.
+uint64_t purge_claim(const PurgeClaim& claim) {
+  uint64_t failed = 0;
+  for (uint64_t left = claim.units; left != 0;) {
+    const unsigned first = unsigned(std::countr_zero(left));
+    const unsigned count = unsigned(std::countr_one(left >> first));
     const uint64_t run = run_mask(first, count);
-    dirty &= ~run;
-    if (!os::purge(reinterpret_cast<char*>(s) + first * kUnitBytes, count * kUnitBytes)) continue;
-    s->dirty_units &= ~run;
-    g_dirty_bytes -= count * kUnitBytes;
+    left &= ~run;
+    if (!os::purge(reinterpret_cast<char*>(claim.segment) + first * kUnitBytes, count * kUnitBytes)) {
+      failed |= run;
+      continue;
+    }
     count_add(g_totals.bytes_purged, count * kUnitBytes);
     count_add(g_totals.bytes_decommitted, count * kUnitBytes);
   }
+  return failed;
 }
 
-// An empty segment whose memory is already back with the OS is cached or unmapped.
-void retire_if_empty(Segment* s) {
+// An empty segment whose memory is already back with the OS is cached or set aside to unmap.
+void retire_if_empty(Segment* s, PoolWork& work) {
   if (s->free_units != kUsableUnits || s->dirty_units != 0) return;
   list_remove(g_partial, s);
-  if (g_cache_count < kSegmentCacheCount) {
+  if (!work.trim && g_cache_count < kSegmentCacheCount) {
     s->next = g_cache;
     g_cache = s;
     ++g_cache_count;
   } else {
-    segment_unmap(s);
+    s->next = work.unmap;
+    work.unmap = s;
   }
+}
+
+// The claimed units come back to the pool, purged (or dirty again where the kernel refused).
+void settle_claim(const PurgeClaim& claim, uint64_t failed, uint64_t now, PoolWork& work) {
+  Segment* s = claim.segment;
+  if (s->free_units == 0) list_push(g_partial, s);
+  s->free_units |= claim.units;
+  if (failed != 0) {
+    if (s->dirty_units == 0) s->dirty_since_ms = now;
+    s->dirty_units |= failed;
+    g_dirty_bytes += size_t(popcount64(failed)) * kUnitBytes;
+  }
+  retire_if_empty(s, work);
 }
 
 // Dirty units go back to the OS once they have been free for kPurgeDelayMs. When more than
 // dirty_limit_bytes() pile up sooner, segments are purged until half the limit is left: enough
 // to bound the resident size, while the most recently freed units stay for quick reuse (a
 // program whose working set swings by more than the limit would otherwise fault in every
-// page it frees). force (trim) purges everything.
+// page it frees). force (trim) purges everything. `again`: the next round of a purge whose
+// claims did not fit one round, which the delay must not stop halfway.
 size_t dirty_limit_bytes() {
   return std::max(kDirtyFloorBytes, g_page_bytes / 100 * kDirtyPercentOfInUse);
 }
 
-void purge_locked(uint64_t now, bool force) {
+void select_purges(uint64_t now, bool force, bool again, PoolWork& work) {
   const size_t limit = dirty_limit_bytes();
   const bool over_limit = g_dirty_bytes > limit;
-  if (!force && !over_limit && now - g_last_purge_ms < kPurgeDelayMs) return;
+  if (!force && !again && !over_limit && now - g_last_purge_ms < kPurgeDelayMs) return;
   g_last_purge_ms = now;
   for (Segment* s = g_partial; s != nullptr;) {
     Segment* next = s->next;
     const bool expired = now - s->dirty_since_ms >= kPurgeDelayMs;
     const bool still_over = g_dirty_bytes > limit / 2;
-    if (s->dirty_units != 0 && (force || expired || (over_limit && still_over)))
-      purge_dirty_units(s);
-    retire_if_empty(s);
+    if (s->dirty_units != 0 && (force || expired || (over_limit && still_over))) {
+      if (work.count == kPoolPurgeClaimsPerRound) {
+        work.more = true;
+        return;
+      }
+      claim_dirty(s, work);
+    } else {
+      retire_if_empty(s, work);
+    }
     s = next;
+  }
+}
+
+// After the lock is let go: the system calls, then the claims settled under the lock again,
+// round after round while a purge had more to claim than one round holds (not after a refusal
+// by the kernel, which the next round would only meet again).
+void finish_pool_work(PoolWork& work, uint64_t now, bool force) {
+  for (;;) {
+    uint64_t failed[kPoolPurgeClaimsPerRound];
+    bool any_failed = false;
+    for (unsigned i = 0; i < work.count; ++i) {
+      failed[i] = purge_claim(work.claims[i]);
+      any_failed |= failed[i] != 0;
+    }
+    while (work.unmap != nullptr) {
+      Segment* s = work.unmap;
+      work.unmap = s->next;
+      segment_unmap(s);
+    }
+    if (work.count == 0) return;
+    PoolWork next;
+    next.trim = work.trim;
+    {
+      os::LockGuard guard(g_pool_lock);
+      for (unsigned i = 0; i < work.count; ++i) settle_claim(work.claims[i], failed[i], now, next);
+      if (work.more && !any_failed) select_purges(now, force, true, next);
+    }
+    work = next;
   }
 }
 
@@ -149,6 +228,21 @@ bool find_units(unsigned units, Segment** found, int* first) {
     }
   }
   return false;
+}
+
+Page* carve_page(Segment* s, int first, unsigned units) {
+  const uint64_t mask = run_mask(unsigned(first), units);
+  g_dirty_bytes -= size_t(popcount64(s->dirty_units & mask)) * kUnitBytes;
+  count_sub(g_totals.bytes_decommitted, size_t(popcount64(~s->dirty_units & mask)) * kUnitBytes);
+  s->dirty_units &= ~mask;
+  s->free_units &= ~mask;
+  g_page_bytes += size_t(units) * kUnitBytes;
+  if (s->free_units == 0) list_remove(g_partial, s);
+  for (unsigned u = 0; u < units; ++u) s->page_offset[first + int(u)] = page_offset_of(unsigned(first));
+  Page* page = &s->pages[first];
+  page->unit_count = uint8_t(units);
+  page->blocks = reinterpret_cast<uint8_t*>(s) + size_t(first) * kUnitBytes;
+  return page;
 }
 
 }  // namespace
@@ -176,36 +270,48 @@ void chunk_map_clear(const void* base, size_t bytes) {
     __atomic_store_n(&g_chunk_map[first + k], kChunkForeign, __ATOMIC_RELAXED);
 }
 
+// A new segment is mapped outside the lock; if another thread made room meanwhile, it joins
+// the cache like any empty segment.
 Page* segment_take_page(unsigned units) {
   TRAY_ASSERT(units > 0 && units < kUnitsPerSegment);
-  os::LockGuard guard(g_pool_lock);
-  Segment* s = nullptr;
-  int first = -1;
-  if (!find_units(units, &s, &first)) {
-    if (g_cache != nullptr) {
-      s = g_cache;
-      g_cache = s->next;
-      --g_cache_count;
-    } else {
-      s = segment_map_new();
-      if (s == nullptr) return nullptr;
+  const uint64_t now = os::now_ms();
+  PoolWork work;
+  Page* page = nullptr;
+  Segment* fresh = nullptr;
+  for (;;) {
+    {
+      os::LockGuard guard(g_pool_lock);
+      Segment* s = nullptr;
+      int first = -1;
+      if (!find_units(units, &s, &first)) {
+        if (g_cache != nullptr) {
+          s = g_cache;
+          g_cache = s->next;
+          --g_cache_count;
+        } else {
+          s = fresh;
+          fresh = nullptr;
+        }
+        if (s != nullptr) {
+          list_push(g_partial, s);
+          first = find_run(s->free_units, units);
+          TRAY_CHECK(first >= 1);
+        }
+      }
+      if (s != nullptr) {
+        page = carve_page(s, first, units);
+        if (fresh != nullptr) {
+          list_push(g_partial, fresh);
+          retire_if_empty(fresh, work);
+        }
+        select_purges(now, false, false, work);
+        break;
+      }
     }
-    list_push(g_partial, s);
-    first = find_run(s->free_units, units);
-    TRAY_CHECK(first >= 1);
+    fresh = segment_map_new();
+    if (fresh == nullptr) return nullptr;
   }
-  const uint64_t mask = run_mask(unsigned(first), units);
-  g_dirty_bytes -= size_t(popcount64(s->dirty_units & mask)) * kUnitBytes;
-  count_sub(g_totals.bytes_decommitted, size_t(popcount64(~s->dirty_units & mask)) * kUnitBytes);
-  s->dirty_units &= ~mask;
-  s->free_units &= ~mask;
-  g_page_bytes += size_t(units) * kUnitBytes;
-  if (s->free_units == 0) list_remove(g_partial, s);
-  for (unsigned u = 0; u < units; ++u) s->page_offset[first + int(u)] = page_offset_of(unsigned(first));
-  Page* page = &s->pages[first];
-  page->unit_count = uint8_t(units);
-  page->blocks = reinterpret_cast<uint8_t*>(s) + size_t(first) * kUnitBytes;
-  purge_locked(os::now_ms(), false);
+  finish_pool_work(work, now, false);
   return page;
 }
 
@@ -215,6 +321,7 @@ void segment_return_page(Page* page) {
   const unsigned units = page->unit_count;
   const uint64_t mask = run_mask(first, units);
   const uint64_t now = os::now_ms();
+  PoolWork work;
   {
     os::LockGuard guard(g_pool_lock);
     TRAY_CHECK(s->magic == kSegmentMagic);    // a page descriptor that is not in a segment
@@ -227,14 +334,20 @@ void segment_return_page(Page* page) {
     s->dirty_units |= mask;
     g_dirty_bytes += size_t(units) * kUnitBytes;
     g_page_bytes -= size_t(units) * kUnitBytes;
-    purge_locked(now, false);
+    select_purges(now, false, false, work);
   }
+  finish_pool_work(work, now, false);
   purger_notify();
 }
 
 uint64_t segment_purge_expired(uint64_t now_ms) {
+  PoolWork work;
+  {
+    os::LockGuard guard(g_pool_lock);
+    select_purges(now_ms, false, false, work);
+  }
+  finish_pool_work(work, now_ms, false);
   os::LockGuard guard(g_pool_lock);
-  purge_locked(now_ms, false);
   uint64_t due = kNeverMs;
   for (Segment* s = g_partial; s != nullptr; s = s->next)
     if (s->dirty_units != 0) due = std::min(due, s->dirty_since_ms + kPurgeDelayMs);
@@ -242,15 +355,22 @@ uint64_t segment_purge_expired(uint64_t now_ms) {
 }
 
 bool segment_trim() {
-  os::LockGuard guard(g_pool_lock);
   const size_t before = g_totals.bytes_purged.load(std::memory_order_relaxed);
-  purge_locked(os::now_ms(), true);
-  while (g_cache != nullptr) {
-    Segment* s = g_cache;
-    g_cache = s->next;
-    segment_unmap(s);
+  const uint64_t now = os::now_ms();
+  PoolWork work;
+  work.trim = true;
+  {
+    os::LockGuard guard(g_pool_lock);
+    select_purges(now, true, false, work);
+    while (g_cache != nullptr) {
+      Segment* s = g_cache;
+      g_cache = s->next;
+      s->next = work.unmap;
+      work.unmap = s;
+    }
+    g_cache_count = 0;
   }
-  g_cache_count = 0;
+  finish_pool_work(work, now, true);
   return g_totals.bytes_purged.load(std::memory_order_relaxed) != before;
 }
 

@@ -4,7 +4,8 @@
 // there: nothing (a pointer we do not own, answered in O(1) without touching it), a segment
 // (header at the chunk's start), or a large block (header some chunks back). Segments come
 // from the OS and are shared by all heaps through one pool, under one lock taken only when a
-// page changes hands. Empty units are given back to the OS after a delay.
+// page changes hands and held for list and mask updates only: mmap, munmap and madvise run
+// after it is let go. Empty units are given back to the OS after a delay.
 #pragma once
 
 #include <atomic>

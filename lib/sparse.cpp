@@ -167,12 +167,17 @@ bool sparse_pass(Heap* heap, bool force) {
   heap->sparse_pass_ms = now;
   bool released = false;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    // A class whose head page changed since the last pass is still growing through its queue:
+    // its head reaches the sparse pages soon and would fault back in whatever went (thread
+    // churn, where each new thread adopts the pages of one that ended, lost a page fault per
+    // OS page so). Only a class that went quiet gives its sparse pages back.
+    const bool class_busy = heap->direct[c]->warm && !force;
     for (Page* page = heap->queues[c].head; page != nullptr; page = page->next) {
       // The page allocated from now, and empty pages kept for reuse, stay as they are; a page
       // that was allocated from since the last pass may be again soon.
       const bool warm = page->warm;
       page->warm = false;
-      if (page == heap->direct[c] || page->retained || (warm && !force)) continue;
+      if (page == heap->direct[c] || page->retained || ((warm || class_busy) && !force)) continue;
       if (!force && !worth_a_look(page, g)) continue;
       page->scrubbed_used = uint16_t(page->used);
       released |= scrub_page(page, g);

@@ -124,8 +124,8 @@ struct Heap {
   // (sample.hpp). INT64_MAX while no sampler is on, which no program allocates.
   int64_t sample_countdown = INT64_MAX;
   PageQueue queues[kSizeClassCount];
-  Heap* next_abandoned = nullptr;    // parked without a thread (heaps lock)
-  uint64_t parked_ms = 0;            // when it was parked (heaps lock)
+  Heap* next_abandoned = nullptr;    // parked without a thread (g_parked in heap.cpp)
+  uint64_t parked_ms = 0;            // when it was parked (written before it is)
   Heap* next_created = nullptr;      // every heap ever made, newest first; never unlinked
   Quarantine* quarantine = nullptr;  // debug mode: blocks freed but not yet reusable
   size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)

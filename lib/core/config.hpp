@@ -49,6 +49,9 @@ inline constexpr size_t kSparsePagePercent = 50;
 // large block. Short, so that a class that went out of use gives its memory back while the
 // next phase is still going (sparse.cpp says which pages are worth a look).
 inline constexpr uint64_t kSparsePassMs = 5;
+// Segments whose dirty units one holder of the pool lock claims for purging: madvise runs
+// after it lets go, and a purge of more segments takes the lock again per round.
+inline constexpr unsigned kPoolPurgeClaimsPerRound = 8;
 // Fully empty segments kept mapped (their units purged) to save a later mmap.
 inline constexpr size_t kSegmentCacheCount = 4;
 
