@@ -400,6 +400,7 @@ int read_unloads(dl_phdr_info* info, size_t, void* out) {
   return 1;
 }
 
+// dl_iterate_phdr holds the loader's lock while it calls back: a moment, once a walk.
 void forget_unloaded_code() {
   unsigned long long unloads = 0;
   dl_iterate_phdr(read_unloads, &unloads);

@@ -16,7 +16,7 @@ namespace tray::os {
 
 // The calling thread's return addresses, innermost first, the first in the caller: what
 // backtrace() would store if called in this call's place. -1 when a frame needs libgcc.
-// Never allocates and takes no lock of its own.
+// Never allocates; takes the loader's lock for a moment (to see objects unloaded).
 int unwind_stack(void** frames, int capacity);
 
 }  // namespace tray::os
