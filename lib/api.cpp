@@ -169,10 +169,16 @@ void* reallocate(void* p, size_t size) noexcept {
     old_usable = large_usable_size(header);
     // Large stays large (resized in place or moved by the kernel) unless it shrinks into the
     // small classes for good. The kernel cannot move a range that spans two of its mappings
-    // (the large cache joins neighbours): then the block is copied like a small one. So is a
-    // block in the heap profile, whose new size is a new allocation to sample.
-    if ((size > kMaxSmallBytes || size >= old_usable / 2) && header->prof_sampled == 0) {
-      if (void* moved = large_resize(header, size); moved != nullptr) return moved;
+    // (the large cache joins neighbours): then the block is copied like a small one. Either
+    // way the new size is a new allocation to the samplers.
+    if (size > kMaxSmallBytes || size >= old_usable / 2) {
+      if (void* moved = large_resize(header, size); moved != nullptr) {
+        LargeHeader* resized = large_mapping_of(moved, chunk_kind(moved));
+        Heap* heap = tls_own_heap;
+        const bool sampled = heap != nullptr && sample_resized(heap, size);
+        if (TRAY_UNLIKELY(sampled || resized->prof_sampled != 0)) prof_large_resized(p, resized, sampled);
+        return moved;
+      }
     }
   }
   void* fresh = alloc(size);

@@ -154,7 +154,7 @@ bool create_region() {
   return true;
 }
 
-void* place(size_t size, size_t alignment) {
+void* place(size_t size, size_t alignment, const Stack& allocated) {
   if (g_queue_size == 0) return nullptr;  // every slot holds a live block
   const uint32_t index = g_queue[g_queue_head];
   const uintptr_t start = slot_start(index);
@@ -180,7 +180,7 @@ void* place(size_t size, size_t alignment) {
   slot.mapped = mapped;
   slot.mapped_bytes = mapped_end - mapped;
   slot.state = SlotState::kLive;
-  capture(slot.allocated);
+  slot.allocated = allocated;
   return reinterpret_cast<void*>(block);
 }
 
@@ -243,10 +243,15 @@ void* guard_alloc(size_t size, size_t alignment, bool) {
   if (size > kGuardMaxBlockBytes || alignment > os::page_size()) return nullptr;
   if (size == 0) size = 1;  // a distinct pointer, with a byte to overflow from
   tls_busy = true;
+  // Stacks are taken outside g_lock: capture_stack may wait for the loader's lock, whose
+  // holder may be freeing a guarded block (dlclose frees under it).
+  Stack allocated;
+  capture(allocated);
   void* block = nullptr;
   {
     os::LockGuard lock(g_lock);
-    if (g_base != 0 || (create_region() && os::set_fault_hook(on_fault))) block = place(size, alignment);
+    if (g_base != 0 || (create_region() && os::set_fault_hook(on_fault)))
+      block = place(size, alignment, allocated);
   }
   tls_busy = false;
   return block;
@@ -254,6 +259,8 @@ void* guard_alloc(size_t size, size_t alignment, bool) {
 
 void guard_free(void* p) {
   const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  Stack freed;  // outside g_lock, as in guard_alloc
+  capture(freed);
   os::LockGuard lock(g_lock);
   GuardSlot* slot = slot_holding(address);
   if (slot == nullptr || slot->block != address || slot->state == SlotState::kUnused)
@@ -264,7 +271,7 @@ void guard_free(void* p) {
     report(Fault::kOverflow, slot, bad, "found at free");
   if (uintptr_t bad = first_changed(end, slot->mapped + slot->mapped_bytes); bad != slot->mapped + slot->mapped_bytes)
     report(Fault::kOverflow, slot, bad, "found at free");
-  capture(slot->freed);
+  slot->freed = freed;
   os::protect_no_access(reinterpret_cast<void*>(slot->mapped), slot->mapped_bytes);
   slot->state = SlotState::kFreed;
   g_queue[(g_queue_head + g_queue_size) % g_slot_count] = uint32_t(slot - g_slots);

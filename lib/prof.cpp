@@ -217,7 +217,12 @@ void* place(size_t size, size_t alignment, bool zero) {
 
 }  // namespace
 
-void* prof_alloc(size_t size, size_t alignment, bool zero) {
+namespace {
+
+// Takes the stack, then under the lock a block from `place_block` recorded as a sample of
+// `size` bytes; nullptr when the stack, the tables or the block are missing.
+template <typename Place>
+void* record_sample(size_t size, Place place_block) {
   void* frames[kProfMaxFrames];
   const int depth = os::capture_stack(frames, kProfMaxFrames);
   const auto rate = uint64_t(option(Option::kProfSample));
@@ -232,7 +237,7 @@ void* prof_alloc(size_t size, size_t alignment, bool zero) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
-  void* block = place(size, alignment, zero);
+  void* block = place_block();
   if (block != nullptr) {
     g_rate.store(rate, std::memory_order_relaxed);
     remember(block, size, stack, rate);
@@ -240,7 +245,26 @@ void* prof_alloc(size_t size, size_t alignment, bool zero) {
   return block;
 }
 
-void prof_forget(void* block) {
+}  // namespace
+
+void* prof_alloc(size_t size, size_t alignment, bool zero) {
+  return record_sample(size, [&] { return place(size, alignment, zero); });
+}
+
+void prof_large_resized(const void* old_block, LargeHeader* header, bool sampled) {
+  if (header->prof_sampled != 0) {
+    header->prof_sampled = 0;
+    prof_forget(old_block);
+  }
+  if (sampled) {
+    record_sample(header->requested, [header] {
+      header->prof_sampled = 1;
+      return header->user;
+    });
+  }
+}
+
+void prof_forget(const void* block) {
   os::LockGuard guard(g_lock);
   for (size_t slot = live_home(block); g_live[slot].block != nullptr;
        slot = (slot + 1) & (kProfLiveSlots - 1)) {

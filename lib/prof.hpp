@@ -27,9 +27,15 @@ extern std::atomic<Heap*> g_prof_heap;
 // the library's constructor prepared the unwinder) or the tables are full.
 void* prof_alloc(size_t size, size_t alignment, bool zero);
 // The free of a block of g_prof_heap's pages (any block there: one not recorded is ignored).
-void prof_forget(void* block);
+void prof_forget(const void* block);
 // The free of a large block with prof_sampled set.
 void prof_forget_large(LargeHeader* header);
+// realloc resized a large block where it lies or moved its pages (large_resize; `header` is
+// its header now, `old_block` where it was): a new allocation of header->requested bytes, in
+// the profile if the sampler picked it (`sampled`), and the old one is gone from it. Without
+// copying the block, as the kernel moves it: every large block above a few prof_sample means
+// is sampled, and copying each at every realloc would make growing buffers quadratic.
+void prof_large_resized(const void* old_block, LargeHeader* header, bool sampled);
 // tray_option_set changed an option: prepares the unwinder and the prof_signal handler.
 void prof_options_changed();
 

@@ -62,4 +62,12 @@ TRAY_INLINE void* sample_large(Heap* heap, size_t size, size_t alignment, bool z
   return sample_after_countdown(heap, size, alignment, zero);
 }
 
+// A large block that realloc resized without a new block: an allocation of `size` bytes to the
+// samplers that can take a block already placed (the profile's; guarded slots hold small
+// blocks only). True if the profile's sampler picked it.
+TRAY_INLINE bool sample_resized(Heap* heap, size_t size) {
+  if (TRAY_LIKELY((heap->sample_countdown -= int64_t(size)) >= 0)) return false;
+  return (sample_take(heap) & kSamplerProf) != 0;
+}
+
 }  // namespace tray

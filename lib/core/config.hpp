@@ -123,6 +123,11 @@ inline constexpr size_t kProfLiveSlots = 65536;
 // last copy's by this share: the peak profile is within that share of the true peak, and a
 // heap growing from nothing to N bytes costs O(log N) copies.
 inline constexpr size_t kProfPeakStepPercent = 2;
+// The cache of frame rules by return address that makes a profile's stacks cheap
+// (platform/unwind.cpp): this many one-word slots (a power of two, 128 KiB of zero pages until
+// a stack is taken), a return address looked for in this many slots from its hash's.
+inline constexpr size_t kUnwindCacheSlots = 16384;
+inline constexpr size_t kUnwindCacheProbes = 4;
 // Guarded sampling (guard.cpp): a sampled block of at most this many bytes gets a slot of its
 // own (rounded up to whole OS pages) between two inaccessible pages; larger ones are not guarded.
 inline constexpr size_t kGuardMaxBlockBytes = size_t{16} << 10;

@@ -18,6 +18,7 @@
 #include <atomic>
 
 #include "core/bits.hpp"
+#include "platform/unwind.hpp"
 
 #if TRAY_ASAN
 #include <sys/syscall.h>
@@ -371,7 +372,8 @@ int capture_stack(void** frames, int capacity) {
   constexpr int kOwnFramesMax = 8;
   void* raw[128];
   const int wanted = capacity + kOwnFramesMax < 128 ? capacity + kOwnFramesMax : 128;
-  const int count = backtrace(raw, wanted);
+  int count = unwind_stack(raw, wanted);
+  if (count < 0) count = backtrace(raw, wanted);
   int first = 0;
   while (first < count && in_own_code(raw[first])) ++first;
   int kept = 0;

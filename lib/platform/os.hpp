@@ -89,7 +89,9 @@ void write_backtrace(int fd);
 // The calling thread's stack for heap profiles: up to `capacity` return addresses, innermost
 // first, leaving out the frames in the allocator's own code when it is a shared library (a
 // statically linked allocator cannot be told apart from its program: its frames stay).
-// 0 until prepare_backtrace has run. Never allocates once prepared.
+// 0 until prepare_backtrace has run. Never allocates once prepared. Takes the loader's lock
+// for a moment (platform/unwind.cpp): not under a lock that free() may want, since dlclose
+// frees under the loader's lock.
 int capture_stack(void** frames, int capacity);
 // What dladdr knows about a code address: the nearest exported symbol (nullptr if none; its
 // offset in *offset) and the file it lies in (nullptr if none). Not async-signal-safe.

@@ -136,6 +136,34 @@ TEST_F(ProfTest, LargeBlocksAreRecordedAndReallocatedAsNewSamples) {
   EXPECT_EQ(dump().total.bytes, before.total.bytes);
 }
 
+// A large block that realloc grows where it lies (or whose pages the kernel moves) is a new
+// allocation to the profile too: one allocated before profiling began is in it afterwards,
+// with its new size, and its data stays.
+TEST_F(ProfTest, LargeBlocksResizedWithoutCopyAreSampledAtTheirNewSize) {
+  on_fresh_thread([&] {
+    tray_free(tray_malloc(8));  // the thread's heap, which samples large requests
+    ASSERT_EQ(tray_option_set("prof", "0"), 0);
+    auto* block = static_cast<unsigned char*>(tray_malloc(3 << 20));
+    ASSERT_NE(block, nullptr);
+    std::memset(block, 7, 3 << 20);
+    ASSERT_EQ(tray_option_set("prof", "1"), 0);
+    tray_free(tray_malloc(8));  // the heap picks up the options on a slow path
+    const Profile before = dump();
+    block = static_cast<unsigned char*>(tray_realloc(block, 5 << 20));
+    ASSERT_NE(block, nullptr);
+    EXPECT_EQ(block[(3 << 20) - 1], 7) << "realloc kept the data";
+    const Profile grown = dump();
+    EXPECT_EQ(grown.total.count - before.total.count, 1u);
+    EXPECT_EQ(grown.total.bytes - before.total.bytes, uint64_t{5} << 20);
+    block = static_cast<unsigned char*>(tray_realloc(block, 4 << 20));  // sampled, resized again
+    const Profile shrunk = dump();
+    EXPECT_EQ(shrunk.total.count - before.total.count, 1u) << "the old size left the profile";
+    EXPECT_EQ(shrunk.total.bytes - before.total.bytes, uint64_t{4} << 20);
+    tray_free(block);
+    EXPECT_EQ(dump().total.bytes, before.total.bytes);
+  });
+}
+
 TEST_F(ProfTest, SampledBlocksKeepAlignmentAndZeroing) {
   on_fresh_thread([] {
     for (size_t alignment : {16, 64, 256, 4096, 65536, 1 << 22}) {
