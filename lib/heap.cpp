@@ -285,7 +285,6 @@ void process_setup() {
   static os::Mutex setup_lock;
   os::LockGuard guard(setup_lock);
   if (g_process_ready.load(std::memory_order_relaxed)) return;
-  free_key_randomize();
   if (os::thread_key_create(&g_exit_key, on_thread_exit) != 0)
     fatal("cannot create the thread-exit key (pthread_key_create failed)");
   os::register_atfork(fork_prepare, fork_release, fork_release_child);

@@ -70,7 +70,11 @@ void heap_unlock_after_fork();
 
 TRAY_INLINE void count_allocation(Heap* heap, size_t size_class, size_t size) {
 #if TRAY_STATS_COUNTERS
+  // Each counter addressed from the heap and the class on its own, with no `lea` of a shared
+  // base (see TRAY_OPAQUE).
+  TRAY_OPAQUE(size_class);
   counter_add(heap->counters.allocations[size_class], 1);
+  TRAY_OPAQUE(size_class);
   counter_add(heap->counters.requested_bytes[size_class], size);
 #else
   (void)heap, (void)size_class, (void)size;
@@ -95,6 +99,8 @@ TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept 
 
 TRAY_INLINE void* page_pop(Heap* heap, Page* page, size_t size_class, size_t size) noexcept {
   Block* block = page->free;
+  TRAY_IN_REG(block, "a");
+  TRAY_IN_REG(size, "D");
   page->free = block->next;
   free_key_clear(block);
   ++page->used;
@@ -124,8 +130,15 @@ TRAY_INLINE void* heap_alloc_class(size_t size_class, size_t size) noexcept {
   return heap_alloc_from(tls_heap, size_class, size);
 }
 
+// The class for size <= kMaxSmallBytes, small sizes through the heap's copy of the table.
+TRAY_INLINE size_t heap_class_of(const Heap* heap, size_t size) noexcept {
+  if (TRAY_LIKELY(size <= kLookupLimitBytes)) return heap->class_of_size[size];
+  return size_class_coarse(size);
+}
+
 TRAY_INLINE void* heap_alloc_small(size_t size) noexcept {
-  return heap_alloc_class(size_class_of(size), size);
+  Heap* heap = tls_heap;
+  return heap_alloc_from(heap, heap_class_of(heap, size), size);
 }
 
 // Frees p into `page` if tls_heap owns it; false (nothing done) otherwise.

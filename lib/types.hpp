@@ -113,6 +113,8 @@ struct RemoteBucket {
 struct Heap {
   explicit constexpr Heap(Page* empty_page) {
     for (auto& page : direct) page = empty_page;
+    for (size_t size = 0; size <= kLookupLimitBytes; ++size)
+      class_of_size[size] = kClassTables.class_of_lookup[size];
   }
 
   Page* direct[kSizeClassCount];
@@ -120,6 +122,10 @@ struct Heap {
   // allocation subtracts its size, and the one that takes it below zero goes to the slow path
   // (sample.hpp). INT64_MAX while no sampler is on, which no program allocates.
   int64_t sample_countdown = INT64_MAX;
+  // The size -> class table up to kLookupLimitBytes (size_classes.hpp), copied into every heap:
+  // the fast path reaches it from the heap pointer it holds, where the global table costs it
+  // one more instruction (loading the table's address).
+  uint8_t class_of_size[kLookupLimitBytes + 1];
   PageQueue queues[kSizeClassCount];
   Heap* next_abandoned = nullptr;    // parked without a thread (heaps lock)
   uint64_t parked_ms = 0;            // when it was parked (heaps lock)
