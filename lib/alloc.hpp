@@ -42,17 +42,22 @@ bool trim_all() noexcept;
 // fast paths fall through to the checked slow paths at no cost when debug mode is off.
 TRAY_INLINE void* alloc_untracked(size_t size) noexcept {
   void* p = nullptr;
-  if (TRAY_LIKELY(size <= kLookupLimitBytes)) p = heap_pop(tls_heap, size_class_lookup(size), size);
-  else if (size <= kMaxSmallBytes) p = heap_pop(tls_heap, size_class_coarse(size), size);
+  Heap* heap = tls_heap;
+  if (TRAY_LIKELY(size <= kLookupLimitBytes)) p = heap_pop(heap, heap->class_of_size[size], size);
+  else if (size <= kMaxSmallBytes) p = heap_pop(heap, size_class_coarse(size), size);
   if (TRAY_LIKELY(p != nullptr)) return p;
   return alloc_slow(size, 0, false);
 }
 
 TRAY_INLINE void dealloc_untracked(void* p) noexcept {
-  const uintptr_t chunk = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
-  if (TRAY_LIKELY(chunk < kChunkCount && chunk_map_load(chunk) == kChunkSegment) &&
-      TRAY_LIKELY(heap_free_own(unit_descriptor_of(reinterpret_cast<Segment*>(chunk << kSegmentShift), p), p)))
-    return;
+  uintptr_t chunk = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
+  if (TRAY_LIKELY(chunk < kChunkCount && chunk_map_load(chunk) == kChunkSegment)) {
+    // Opaque, or the optimizer rebuilds the segment from p with a copy and a mask instead of
+    // shifting back the chunk index it holds: one instruction more.
+    TRAY_OPAQUE(chunk);
+    Segment* segment = reinterpret_cast<Segment*>(chunk << kSegmentShift);
+    if (TRAY_LIKELY(heap_free_own(unit_descriptor_of(segment, p), p))) return;
+  }
   free_slow(p);
 }
 

@@ -8,14 +8,6 @@
 namespace tray {
 
 #if TRAY_FREE_KEY_CHECK
-constinit std::atomic<uint64_t> g_free_key{0x7ea7f4eefa11edULL};
-
-void free_key_randomize() {
-  uint64_t key = 0;
-  while (key == 0) key = os::random_u64();  // 0 is what a handed-out block holds
-  g_free_key.store(key, std::memory_order_relaxed);
-}
-
 void report_release_double_free(const void* block, const Page* page) {
   char storage[256];
   TextBuffer text(storage, sizeof storage);

@@ -280,7 +280,6 @@ void process_setup() {
   static os::Mutex setup_lock;
   os::LockGuard guard(setup_lock);
   if (g_process_ready.load(std::memory_order_relaxed)) return;
-  free_key_randomize();
   if (os::thread_key_create(&g_exit_key, on_thread_exit) != 0)
     fatal("cannot create the thread-exit key (pthread_key_create failed)");
   os::register_atfork(fork_prepare, fork_release, fork_release_child);
@@ -298,13 +297,13 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
     }
   }
   if (void* sampled = sample_small_slow(heap, size_class, size); sampled != nullptr) return sampled;
-  void* block = heap_refill_pop(heap, size_class, size);
+  void* block = heap_refill_pop(heap, size_class);
   // Not in heap_refill_pop, which prof calls under its lock: the purger's start allocates.
   purger_poll();  // the heap is consistent again and no lock is held
   return block;
 }
 
-void* heap_refill_pop(Heap* heap, unsigned size_class, size_t size) noexcept {
+void* heap_refill_pop(Heap* heap, unsigned size_class) noexcept {
   if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(heap);
   Page* page = find_page(heap, size_class);
   if (page == nullptr) {
@@ -313,7 +312,7 @@ void* heap_refill_pop(Heap* heap, unsigned size_class, size_t size) noexcept {
   }
   // find_page leaves the page at the head of its queue, where the fast path pops from.
   TRAY_ASSERT(heap->direct[size_class] == page && page->free != nullptr);
-  return page_pop(heap, page, size_class, size);
+  return page_pop(heap, page, size_class);
 }
 
 void heap_page_event(Heap* heap, Page* page) noexcept {

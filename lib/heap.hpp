@@ -30,7 +30,7 @@ extern constinit Heap g_empty_heap;
 void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept;
 // The slow path after sampling: remote frees, then the class queue, then a new page. Also how
 // a heap that no thread owns (prof.cpp's) allocates, under its user's lock.
-void* heap_refill_pop(Heap* heap, unsigned size_class, size_t size) noexcept;
+void* heap_refill_pop(Heap* heap, unsigned size_class) noexcept;
 // A local free left the page empty, or landed in a full (floating) page.
 void heap_page_event(Heap* heap, Page* page) noexcept;
 // A free into a segment that the fast path could not do: a block of another heap, a block
@@ -68,12 +68,12 @@ uint64_t heap_collect_idle();
 void heap_lock_for_fork();
 void heap_unlock_after_fork();
 
-TRAY_INLINE void count_allocation(Heap* heap, size_t size_class, size_t size) {
+// The requested bytes were counted by the class's sampling countdown (heap_pop).
+TRAY_INLINE void count_allocation(Heap* heap, size_t size_class) {
 #if TRAY_STATS_COUNTERS
   counter_add(heap->counters.allocations[size_class], 1);
-  counter_add(heap->counters.requested_bytes[size_class], size);
 #else
-  (void)heap, (void)size_class, (void)size;
+  (void)heap, (void)size_class;
 #endif
 }
 
@@ -93,12 +93,13 @@ TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept 
   if (TRAY_UNLIKELY(--page->used == 0)) heap_page_event(heap, page);
 }
 
-TRAY_INLINE void* page_pop(Heap* heap, Page* page, size_t size_class, size_t size) noexcept {
+TRAY_INLINE void* page_pop(Heap* heap, Page* page, size_t size_class) noexcept {
   Block* block = page->free;
+  TRAY_IN_REG(block, "a");
   page->free = block->next;
   free_key_clear(block);
   ++page->used;
-  count_allocation(heap, size_class, size);
+  count_allocation(heap, size_class);
   return block;
 }
 
@@ -107,9 +108,14 @@ TRAY_INLINE void* page_pop(Heap* heap, Page* page, size_t size_class, size_t siz
 // sample countdown runs out): the caller's slow path sorts both out.
 TRAY_INLINE void* heap_pop(Heap* heap, size_t size_class, size_t size) noexcept {
   Page* page = heap->direct[size_class];
+  // The page, the countdown and the counter each index from the heap and the class on their
+  // own, rather than through one `lea` of a shared base (see TRAY_OPAQUE).
+  TRAY_OPAQUE(size_class);
   if (TRAY_UNLIKELY(page->free == nullptr)) return nullptr;
-  if (TRAY_UNLIKELY((heap->sample_countdown -= int64_t(size)) < 0)) return nullptr;
-  return page_pop(heap, page, size_class, size);
+  if (TRAY_UNLIKELY(countdown_sub(heap->sample_countdown[size_class], int64_t(size)) < 0))
+    return nullptr;
+  TRAY_OPAQUE(size_class);
+  return page_pop(heap, page, size_class);
 }
 
 // A block of class size_class from `heap`, for a request of `size` bytes; nullptr when out of
@@ -124,8 +130,15 @@ TRAY_INLINE void* heap_alloc_class(size_t size_class, size_t size) noexcept {
   return heap_alloc_from(tls_heap, size_class, size);
 }
 
+// The class for size <= kMaxSmallBytes, small sizes through the heap's copy of the table.
+TRAY_INLINE size_t heap_class_of(const Heap* heap, size_t size) noexcept {
+  if (TRAY_LIKELY(size <= kLookupLimitBytes)) return heap->class_of_size[size];
+  return size_class_coarse(size);
+}
+
 TRAY_INLINE void* heap_alloc_small(size_t size) noexcept {
-  return heap_alloc_class(size_class_of(size), size);
+  Heap* heap = tls_heap;
+  return heap_alloc_from(heap, heap_class_of(heap, size), size);
 }
 
 // Frees p into `page` if tls_heap owns it; false (nothing done) otherwise.

@@ -205,7 +205,7 @@ void* place(size_t size, size_t alignment, bool zero) {
   if (size <= kMaxSmallBytes && alignment <= kUnitBytes) {
     for (unsigned c = size_class_of(size); c < kSizeClassCount; ++c) {
       if (sample_class_alignment(c) < alignment) continue;
-      void* p = heap_refill_pop(g_prof_heap.load(std::memory_order_relaxed), c, size);
+      void* p = heap_refill_pop(g_prof_heap.load(std::memory_order_relaxed), c);
       if (zero && p != nullptr) std::memset(p, 0, size);
       return p;
     }

@@ -9,6 +9,7 @@
 #include "options.hpp"
 #include "platform/os.hpp"
 #include "purger.hpp"
+#include "sample.hpp"
 #include "size_classes.hpp"
 #include "stats.hpp"
 #include "stats_print.hpp"
@@ -66,7 +67,7 @@ void collect_classes(tray_stats* out) {
     for (unsigned c = 0; c < kSizeClassCount; ++c) {
       out->classes[c].allocations += counter_read(counters.allocations[c]);
       out->classes[c].frees += counter_read(counters.frees[c]);
-      out->classes[c].requested_bytes += counter_read(counters.requested_bytes[c]);
+      out->classes[c].requested_bytes += sample_requested_bytes(heap, c);
     }
     remote_frees += counter_read(counters.remote_frees);
   }

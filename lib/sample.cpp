@@ -57,14 +57,21 @@ int64_t draw_interval(SampleState& state, int64_t mean) {
   return interval < double(kMaxIntervalBytes) ? int64_t(interval) : kMaxIntervalBytes;
 }
 
-void arm(Heap* heap) {
+// Stores that dumps read meanwhile (sample_requested_bytes), in the order they read them back.
+void store(int64_t& field, int64_t value) { __atomic_store_n(&field, value, __ATOMIC_RELAXED); }
+
+// What the stream counted down moves into `charged` before its countdown restarts. The
+// countdown is stored last, with release: a dump that sees it sees the other two as well.
+void arm(Heap* heap, unsigned stream) {
+  SampleState& state = heap->sampling;
   int64_t countdown = INT64_MAX;
   for (unsigned i = 0; i < kSamplerCount; ++i) {
-    const int64_t left = heap->sampling.left[i];
+    const int64_t left = state.left[stream][i];
     if (left >= 0 && left < countdown) countdown = left;
   }
-  heap->sampling.armed = countdown;
-  heap->sample_countdown = countdown;
+  store(state.charged[stream], state.charged[stream] + (state.armed[stream] - heap->sample_countdown[stream]));
+  store(state.armed[stream], countdown);
+  __atomic_store_n(&heap->sample_countdown[stream], countdown, __ATOMIC_RELEASE);
 }
 
 }  // namespace
@@ -74,32 +81,45 @@ void sample_options_changed() { g_sample_generation.fetch_add(1, std::memory_ord
 void sample_refresh(Heap* heap) {
   SampleState& state = heap->sampling;
   state.generation = g_sample_generation.load(std::memory_order_relaxed);
-  for (unsigned i = 0; i < kSamplerCount; ++i) {
-    const int64_t mean = mean_bytes(i);
-    state.left[i] = mean > 0 ? draw_interval(state, mean) : -1;
+  int64_t means[kSamplerCount];
+  for (unsigned i = 0; i < kSamplerCount; ++i) means[i] = mean_bytes(i);
+  for (unsigned stream = 0; stream < kSampleStreams; ++stream) {
+    for (unsigned i = 0; i < kSamplerCount; ++i)
+      state.left[stream][i] = means[i] > 0 ? draw_interval(state, means[i]) : -1;
+    arm(heap, stream);
   }
-  arm(heap);
 }
 
-unsigned sample_take(Heap* heap) {
+unsigned sample_take(Heap* heap, unsigned stream) {
   SampleState& state = heap->sampling;
   if (state.generation != g_sample_generation.load(std::memory_order_relaxed)) {
     sample_refresh(heap);
     return 0;
   }
   // The countdown is below zero, so this is more than what was left when it was armed.
-  const int64_t elapsed = state.armed - heap->sample_countdown;
+  const int64_t elapsed = state.armed[stream] - heap->sample_countdown[stream];
   unsigned fired = 0;
   for (unsigned i = 0; i < kSamplerCount; ++i) {
-    if (state.left[i] < 0) continue;
-    state.left[i] -= elapsed;
-    if (state.left[i] < 0) {
+    int64_t& left = state.left[stream][i];
+    if (left < 0) continue;
+    left -= elapsed;
+    if (left < 0) {
       fired |= 1u << i;
-      state.left[i] = draw_interval(state, mean_bytes(i));
+      left = draw_interval(state, mean_bytes(i));
     }
   }
-  arm(heap);
+  arm(heap, stream);
   return fired;
+}
+
+uint64_t sample_requested_bytes(const Heap* heap, unsigned size_class) {
+  const SampleState& state = heap->sampling;
+  const int64_t countdown = __atomic_load_n(&heap->sample_countdown[size_class], __ATOMIC_ACQUIRE);
+  const int64_t armed = __atomic_load_n(&state.armed[size_class], __ATOMIC_RELAXED);
+  const int64_t charged = __atomic_load_n(&state.charged[size_class], __ATOMIC_RELAXED);
+  // Below zero only in a dump that met a re-arming half done (with the new `armed` and the
+  // old countdown), whose `charged` holds what was counted already.
+  return uint64_t(charged + (armed > countdown ? armed - countdown : 0));
 }
 
 void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero) {

@@ -1,7 +1,9 @@
 // Counters. Process-wide ones are relaxed atomics bumped on slow paths (page and segment
 // turnover, large blocks, thread life cycle). Per-class allocation and free counts are kept in
 // each heap (HeapCounters) as plain integers that only the heap's thread writes, so the fast
-// path pays an add and no atomic; dumps add the heaps up.
+// path pays an add and no atomic; dumps add the heaps up. Per-class requested bytes cost the
+// fast path nothing of their own: they are what the class's sampling countdown counted down
+// (sample_requested_bytes).
 #pragma once
 
 #include <atomic>
@@ -21,7 +23,6 @@ namespace tray {
 struct HeapCounters {
   uint64_t allocations[kSizeClassCount] = {};
   uint64_t frees[kSizeClassCount] = {};  // counted by the freeing thread, wherever the block lives
-  uint64_t requested_bytes[kSizeClassCount] = {};
   uint64_t remote_frees = 0;             // frees of blocks that live in another heap
 };
 
@@ -37,6 +38,16 @@ TRAY_INLINE void counter_add(uint64_t& counter, uint64_t n) {
 }
 TRAY_INLINE uint64_t counter_read(const uint64_t& counter) {
   return __atomic_load_n(&counter, __ATOMIC_RELAXED);
+}
+// The same for a sampling countdown: subtracts n and returns what is left.
+TRAY_INLINE int64_t countdown_sub(int64_t& countdown, int64_t n) {
+#if defined(TRAY_TSAN)
+  const int64_t left = __atomic_load_n(&countdown, __ATOMIC_RELAXED) - n;
+  __atomic_store_n(&countdown, left, __ATOMIC_RELAXED);
+  return left;
+#else
+  return countdown -= n;
+#endif
 }
 
 struct ClassTotals {

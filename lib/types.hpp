@@ -29,12 +29,19 @@ struct Quarantine;
 enum Sampler : unsigned { kSamplerProf = 1u << 0, kSamplerGuard = 1u << 1 };
 inline constexpr unsigned kSamplerCount = 2;
 
-// A heap's sampling state beside its countdown (owner thread only).
+// Each heap counts the bytes allocated down in one countdown per stream: a size class, or
+// kSampleStreamLarge for the requests served away from the small pools (sample.hpp).
+inline constexpr unsigned kSampleStreamLarge = kSizeClassCount;
+inline constexpr unsigned kSampleStreams = kSizeClassCount + 1;
+
+// A heap's sampling state beside its countdowns. Written by the owner thread only; `armed` and
+// `charged` are read by statistics dumps too (sample_requested_bytes).
 struct SampleState {
-  int64_t armed = 0;               // the countdown's value when it was last armed
-  int64_t left[kSamplerCount]{};   // per sampler: bytes to go when it was armed; <0: off
-  uint64_t rng = 0;                // xorshift state for the exponential draws
-  uint32_t generation = 0;         // sample options generation the heap was armed for
+  int64_t armed[kSampleStreams]{};    // the stream's countdown when it was last armed
+  int64_t charged[kSampleStreams]{};  // bytes the stream counted down before that
+  int64_t left[kSampleStreams][kSamplerCount]{};  // per sampler: bytes to go when armed; <0: off
+  uint64_t rng = 0;                   // xorshift state for the exponential draws
+  uint32_t generation = 0;            // sample options generation the heap was armed for
 };
 
 // A page descriptor. It lives in its segment's header, not in the page, so the blocks are
@@ -116,13 +123,22 @@ struct RemoteBucket {
 struct Heap {
   explicit constexpr Heap(Page* empty_page) {
     for (auto& page : direct) page = empty_page;
+    for (unsigned stream = 0; stream < kSampleStreams; ++stream)
+      sample_countdown[stream] = sampling.armed[stream] = INT64_MAX;
+    for (size_t size = 0; size <= kLookupLimitBytes; ++size)
+      class_of_size[size] = kClassTables.class_of_lookup[size];
   }
 
+  // Per stream (a size class, or kSampleStreamLarge), bytes the thread may still allocate
+  // before its next sampled allocation there: every allocation subtracts its size, and the one
+  // that takes it below zero goes to the slow path (sample.hpp). INT64_MAX while no sampler is
+  // on, which no program allocates. What a class counted down is its requested bytes.
+  int64_t sample_countdown[kSampleStreams];
   Page* direct[kSizeClassCount];
-  // Bytes the thread may still allocate before the next sampled allocation: every small
-  // allocation subtracts its size, and the one that takes it below zero goes to the slow path
-  // (sample.hpp). INT64_MAX while no sampler is on, which no program allocates.
-  int64_t sample_countdown = INT64_MAX;
+  // The size -> class table up to kLookupLimitBytes (size_classes.hpp), copied into every heap:
+  // the fast path reaches it from the heap pointer it holds, where the global table costs it
+  // one more instruction (loading the table's address).
+  uint8_t class_of_size[kLookupLimitBytes + 1];
   PageQueue queues[kSizeClassCount];
   Heap* next_abandoned = nullptr;    // parked without a thread (g_parked in heap.cpp)
   uint64_t parked_ms = 0;            // when it was parked (written before it is)

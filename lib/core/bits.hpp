@@ -14,6 +14,19 @@
 // instead of through the GOT (one load instead of two), as the definitions are hidden anyway.
 #define TRAY_HIDDEN __attribute__((visibility("hidden")))
 
+// Code-generation hints for the inline fast paths, where every instruction shows in the
+// per-pair counts; neither emits an instruction. TRAY_OPAQUE(x) hides x's value from the
+// optimizer, which then can neither rebuild x from what it was computed from nor merge two
+// addresses computed from it into one `lea`. TRAY_IN_REG(x, "a") keeps x in the named x86-64
+// register at that point (rax: the value returned; rdi: the size argument), which spares the
+// register copies GCC otherwise adds; on other machines it is TRAY_OPAQUE.
+#define TRAY_OPAQUE(x) asm("" : "+r"(x))
+#if defined(__x86_64__)
+#define TRAY_IN_REG(x, reg) asm("" : "+" reg(x))
+#else
+#define TRAY_IN_REG(x, reg) TRAY_OPAQUE(x)
+#endif
+
 #if defined(__SANITIZE_THREAD__)
 #define TRAY_TSAN 1
 #elif defined(__has_feature)

@@ -173,7 +173,9 @@ TEST(Churn, ManyThreadsFreeIntoTheHeapOfADeadThread) {
 TEST(Churn, ForkWhileThreadsChurn) {
   // ThreadSanitizer kills a child that starts a thread after a multi-threaded fork, and the
   // child of a fork that comes before the purger thread first started would start it.
-  if (tray_test::kThreadSanitizer) ASSERT_EQ(tray_option_set("purge_thread", "0"), 0);
+  if (tray_test::kThreadSanitizer) {
+    ASSERT_EQ(tray_option_set("purge_thread", "0"), 0);
+  }
   std::atomic<bool> stop{false};
   Mailbox mailbox;
   Counts counts;

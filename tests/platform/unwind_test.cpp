@@ -61,7 +61,9 @@ void expect_same(const Stacks& s) {
   ASSERT_GE(theirs_first, 0) << "backtrace() missed the caller";
   ASSERT_GT(s.ours_count - ours_first, 3);
   const int ours_left = s.ours_count - ours_first, theirs_left = s.theirs_count - theirs_first;
-  if (s.ours_count < kMaxFrames && s.theirs_count < kMaxFrames) ASSERT_EQ(ours_left, theirs_left);
+  if (s.ours_count < kMaxFrames && s.theirs_count < kMaxFrames) {
+    ASSERT_EQ(ours_left, theirs_left);
+  }
   for (int i = 0; i < ours_left && i < theirs_left; ++i)
     EXPECT_EQ(s.ours[ours_first + i], s.theirs[theirs_first + i]) << "frame " << i;
 }
