@@ -166,11 +166,10 @@ void* place(size_t size, size_t alignment, const Stack& allocated) {
   g_queue_head = (g_queue_head + 1) % g_slot_count;
   --g_queue_size;
   ++g_placed;
-  // Freed blocks keep their pages (cheaper than giving them back and faulting in fresh ones,
-  // and bounded: a few pages a slot), so the block is zeroed: what a previous block left there
-  // lies at other offsets now, and a copy of the free key at the new block's second word would
-  // make its next owner's free look like a double free (free_key.hpp). The rest of its pages
-  // holds the canary, checked at free.
+  // Freed slots give their pages back (guard_free), but the kernel may have refused, so the
+  // block is zeroed: what a previous block left there lies at other offsets now, and a copy of
+  // the free key at the new block's second word would make its next owner's free look like a
+  // double free (free_key.hpp). The rest of its pages holds the canary, checked at free.
   std::memset(reinterpret_cast<void*>(block), 0, size);
   fill_padding(mapped, block);
   fill_padding(block + size, mapped_end);
@@ -273,6 +272,10 @@ void guard_free(void* p) {
     report(Fault::kOverflow, slot, bad, "found at free");
   slot->freed = freed;
   os::protect_no_access(reinterpret_cast<void*>(slot->mapped), slot->mapped_bytes);
+  // Inaccessible pages need no contents: giving them back keeps the resident cost of guarded
+  // sampling to the live guarded blocks (kept, freed slots held up to guard_slots × 5 pages:
+  // 1.25 MiB at the default 64). One madvise per guarded free, once per guard_sample bytes.
+  os::purge(reinterpret_cast<void*>(slot->mapped), slot->mapped_bytes);
   slot->state = SlotState::kFreed;
   g_queue[(g_queue_head + g_queue_size) % g_slot_count] = uint32_t(slot - g_slots);
   ++g_queue_size;

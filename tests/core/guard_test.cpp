@@ -87,4 +87,28 @@ TEST(Guard, LiveBlocksAreBoundedBySlots) {
   EXPECT_EQ(tray_option_set("guard_sample", "0"), 0);
 }
 
+// A freed slot's pages are inaccessible and hold nothing anyone may read: they go back to the
+// OS, so what guarded sampling keeps resident is the live guarded blocks.
+TEST(Guard, FreedSlotsGiveTheirPagesBack) {
+  ASSERT_EQ(tray_option_set("guard_slots", "64"), 0);
+  ASSERT_EQ(tray_option_set("guard_sample", "1"), 0);
+  in_fresh_thread([] {
+    // Three pages: a class whose blocks need no more than page alignment (16 KiB ones do).
+    constexpr size_t kBlockBytes = size_t{12} << 10;
+    std::vector<void*> blocks;
+    for (int i = 0; i < 64; ++i) {
+      void* p = tray_malloc(kBlockBytes);
+      ASSERT_TRUE(guarded(p));
+      std::memset(p, 0x33, kBlockBytes);
+      blocks.push_back(p);
+    }
+    const size_t live = tray_test::resident_bytes();
+    for (void* p : blocks) tray_free(p);
+    const size_t freed = tray_test::resident_bytes();
+    EXPECT_GE(live, freed + 48 * kBlockBytes)
+        << "resident with the blocks live " << live << " B, after their free " << freed << " B";
+  });
+  EXPECT_EQ(tray_option_set("guard_sample", "0"), 0);
+}
+
 }  // namespace
