@@ -179,6 +179,18 @@ size_t settled_resident_bytes() {
   return tray_test::resident_bytes();
 }
 
+// Resident bytes once they are at most `bound`, or after 3 s: on a loaded machine (ctest -j)
+// the idle purger can run later than its deadlines, so memory on its way back to the OS is
+// given time to get there; memory that is kept for good still fails the bound.
+size_t resident_bytes_within(size_t bound) {
+  size_t resident = settled_resident_bytes();
+  for (int wait = 0; wait < 30 && resident > bound; ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    resident = tray_test::resident_bytes();
+  }
+  return resident;
+}
+
 TEST(Threads, ShortLivedThreadsReuseHeapsAndMemory) {
   constexpr size_t kConcurrent = 4;
   const size_t thread_total = tray_test::scaled(3000);
@@ -197,7 +209,6 @@ TEST(Threads, ShortLivedThreadsReuseHeapsAndMemory) {
     if (rss_after_first_third == 0 && started + kConcurrent >= thread_total / 3)
       rss_after_first_third = settled_resident_bytes();
   }
-  const size_t rss_at_end = settled_resident_bytes();
 
   EXPECT_EQ(problems.corrupt_blocks.load(), 0u);
   EXPECT_EQ(problems.failed_allocations.load(), 0u);
@@ -205,7 +216,8 @@ TEST(Threads, ShortLivedThreadsReuseHeapsAndMemory) {
   // main thread's own heap, bounds how many were ever needed.
   EXPECT_LE(tray_test::stats_now().heaps_created - heaps_before, kConcurrent + 2);
   if (tray_test::kResidentBoundsHold) {
-    EXPECT_LE(rss_at_end, rss_after_first_third + tray_test::rss_slack(rss_after_first_third))
+    const size_t bound = rss_after_first_third + tray_test::rss_slack(rss_after_first_third);
+    EXPECT_LE(resident_bytes_within(bound), bound)
         << "resident memory kept growing while threads came and went";
   }
 }
