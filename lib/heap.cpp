@@ -271,6 +271,7 @@ void fork_release() {
 }
 void fork_release_child() {
   g_totals.threads_attached.store(tls_own_heap != nullptr ? 1 : 0, std::memory_order_relaxed);
+  purger_after_fork_child();
   fork_release();
 }
 

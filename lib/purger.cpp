@@ -25,7 +25,6 @@ constexpr bool kTsan = false;
 
 std::atomic<uint32_t> g_wake{0};      // bumped to end the thread's sleep early
 std::atomic<bool> g_sleeping{false};  // the thread sleeps, or is about to, with no deadline
-std::atomic<bool> g_fork_handler_set{false};
 uint64_t g_next_dump_ms = 0;          // the thread's own; 0 while no interval is set
 
 // The next periodic dump, writing the one that is due.
@@ -72,6 +71,10 @@ void purger_main() {
   }
 }
 
+}  // namespace
+
+__thread unsigned tls_purger_holds = 0;
+
 // The child of a fork has only the thread that forked. ThreadSanitizer kills a child that
 // starts a thread after a multi-threaded fork, so under it the child does without (its memory
 // goes back on its own calls, as with purge_thread=0).
@@ -84,10 +87,6 @@ void purger_after_fork_child() {
   g_sleeping.store(false, std::memory_order_relaxed);
   g_next_dump_ms = 0;
 }
-
-}  // namespace
-
-__thread unsigned tls_purger_holds = 0;
 
 void purger_notify() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -116,8 +115,6 @@ void purger_start() {
     g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
     return;
   }
-  if (!g_fork_handler_set.exchange(true, std::memory_order_relaxed))
-    os::register_atfork(nullptr, nullptr, purger_after_fork_child);
   const bool started = os::start_thread(purger_main);
   g_purger_state.store(started ? PurgerState::kRunning : PurgerState::kOff,
                        std::memory_order_release);

@@ -29,6 +29,9 @@ void purger_notify();
 // Starts the thread if it is wanted. Only where re-entering malloc is safe: no allocator lock
 // held, and the calling thread's heap consistent.
 void purger_start();
+// In the child of a fork (heap.cpp's fork handler, registered at the process's first
+// allocation, whether or not the thread ever started): the thread is not there.
+void purger_after_fork_child();
 // Code that reaches the heap's slow paths while holding a lock that a nested malloc could
 // take again (prof's, whose heap refills through them) holds the purger back meanwhile.
 extern __thread unsigned tls_purger_holds;
