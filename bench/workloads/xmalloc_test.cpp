@@ -17,12 +17,19 @@
 //
 // Check: every block is written (filled, then stamped) by its allocator and verified before it is
 // freed; every batch produced must be consumed.
+// Peak live bytes (peak_live_kb) count a batch and its 4096 blocks from the batch's malloc to its
+// free: how far the producers ran ahead is the program's doing, and sets most of its peak RSS
+// (an allocator whose producers are fast relative to its consumers holds up to the 100 waiting
+// batches, ~26 MiB), so RSS is only comparable against it. It overstates the truth by the
+// batches being filled and emptied at that moment, at most one per thread (256 KiB each).
 // Ops: one 64-byte block (its malloc and its free). Default: 2 threads (--threads N: N/2
 // allocators and N/2 releasers, at least one each; xmalloc-test's -w is N/2), 2000 batches of
 // 4096 blocks (8.2M blocks) in all.
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -84,10 +91,28 @@ class BatchStack {
   unsigned producers_left_;
 };
 
-void allocate_batches(BatchStack& stack, unsigned producer, uint64_t batches) {
+// Batches between their malloc and their free, and the most there ever were.
+class InFlight {
+ public:
+  void add() {
+    const uint64_t now = count_.fetch_add(1, std::memory_order_relaxed) + 1;
+    uint64_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+  void remove() { count_.fetch_sub(1, std::memory_order_relaxed); }
+  uint64_t peak() const { return peak_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> count_{0};
+  std::atomic<uint64_t> peak_{0};
+};
+
+void allocate_batches(BatchStack& stack, InFlight& in_flight, unsigned producer, uint64_t batches) {
   uint64_t serial = 0;
   for (uint64_t b = 0; b < batches; ++b) {
     auto* batch = static_cast<Batch*>(std::malloc(sizeof(Batch)));
+    in_flight.add();
     batch->producer = producer;
     batch->first_serial = serial + 1;
     for (size_t i = 0; i < kBlocksPerBatch; ++i) {
@@ -101,7 +126,8 @@ void allocate_batches(BatchStack& stack, unsigned producer, uint64_t batches) {
   stack.producer_done();
 }
 
-void release_batches(BatchStack& stack, workload::CheckCounter& checks, uint64_t& released) {
+void release_batches(BatchStack& stack, InFlight& in_flight, workload::CheckCounter& checks,
+                     uint64_t& released) {
   while (Batch* batch = stack.pop()) {
     for (size_t i = 0; i < kBlocksPerBatch; ++i) {
       const uint64_t tag = workload::block_tag(batch->producer, batch->first_serial + i);
@@ -110,6 +136,7 @@ void release_batches(BatchStack& stack, workload::CheckCounter& checks, uint64_t
       std::free(batch->blocks[i]);
     }
     std::free(batch);
+    in_flight.remove();
     ++released;
   }
 }
@@ -126,13 +153,16 @@ int main(int argc, char** argv) {
 
   workload::CheckCounter checks;
   BatchStack stack(producers);
+  InFlight in_flight;
   std::vector<uint64_t> released(consumers, 0);
   const workload::Stopwatch stopwatch;
   std::vector<std::thread> workers;
   for (unsigned c = 0; c < consumers; ++c)
-    workers.emplace_back(release_batches, std::ref(stack), std::ref(checks), std::ref(released[c]));
+    workers.emplace_back(release_batches, std::ref(stack), std::ref(in_flight), std::ref(checks),
+                         std::ref(released[c]));
   for (unsigned p = 0; p < producers; ++p)
-    workers.emplace_back(allocate_batches, std::ref(stack), p, batches_per_producer);
+    workers.emplace_back(allocate_batches, std::ref(stack), std::ref(in_flight), p,
+                         batches_per_producer);
   for (std::thread& worker : workers) worker.join();
   const double seconds = stopwatch.seconds();
 
@@ -140,5 +170,7 @@ int main(int argc, char** argv) {
   for (uint64_t count : released) total_released += count;
   const uint64_t produced = uint64_t{producers} * batches_per_producer;
   checks.expect(total_released == produced, "xmalloc_test: every batch was released");
-  return workload::report("xmalloc_test", threads, produced * kBlocksPerBatch, seconds, checks);
+  const uint64_t batch_bytes = sizeof(Batch) + kBlocksPerBatch * kBlockBytes;
+  return workload::report("xmalloc_test", threads, produced * kBlocksPerBatch, seconds, checks,
+                          " peak_live_kb=" + std::to_string(in_flight.peak() * batch_bytes / 1024));
 }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -220,6 +221,38 @@ TEST(Threads, ShortLivedThreadsReuseHeapsAndMemory) {
     EXPECT_LE(resident_bytes_within(bound), bound)
         << "resident memory kept growing while threads came and went";
   }
+}
+
+// Bytes of pages the small classes hold, in every heap and parked or not.
+size_t small_page_bytes() {
+  const tray_stats stats = tray_test::stats_now();
+  size_t bytes = 0;
+  for (unsigned c = 0; c < stats.class_count; ++c)
+    bytes += stats.classes[c].pages * stats.classes[c].page_bytes;
+  return bytes;
+}
+
+// A thread that used a block of each of the big classes, whose pages span up to 16 units, and
+// freed them all: the pages its classes allocated from are empty, and its parked heap may keep
+// no more of them than kHeapRetainedBytes. Kept whole, they were several MiB per exited thread
+// that other threads then took fresh pages beside (mstress).
+TEST(Threads, AnExitedThreadsHeapKeepsAtMostItsRetainedBudgetOfEmptyPages) {
+  std::vector<size_t> sizes;
+  for (size_t size = 16 * tray_test::kKiB; size <= tray::kMaxSmallBytes; size += 8 * tray_test::kKiB)
+    sizes.push_back(size);
+  const size_t before = small_page_bytes();
+  std::thread([&] {
+    for (const size_t size : sizes) {
+      void* p = tray_malloc(size);
+      ASSERT_NE(p, nullptr);
+      std::memset(p, 1, size);
+      tray_free(p);
+    }
+  }).join();
+  const size_t after = small_page_bytes();
+  EXPECT_LE(after, before + tray::kHeapRetainedBytes)
+      << "an exited thread's heap kept " << (after - before) / tray_test::kKiB
+      << " KiB of pages with no live block";
 }
 
 }  // namespace
