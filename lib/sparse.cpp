@@ -146,12 +146,15 @@ bool scrub_page(Page* page, Geometry g) {
   return true;
 }
 
-// Blocks die at random, so an OS page is all free with a fair chance only once the page holds
-// about as few live blocks as it has OS pages (for blocks of an OS page or more: once most
-// are free). Walking the free list touches every free block, so a page is looked at again
-// only once half of the live blocks it had then have died.
+// Blocks die at random, so an OS page of small blocks is all free with a fair chance only
+// once the page holds about as few live blocks as it has OS pages. Walking the free list
+// touches every free block, so such a page is looked at again only once half of the live
+// blocks it had then have died. A free block of an OS page or more holds a whole OS page
+// (about one in two for blocks of one to two OS pages), so such pages are worth a look at any
+// live share, and again after any death: their pages hold 8 to 16 blocks, so the walk is short.
 bool worth_a_look(const Page* page, Geometry g) {
   const size_t used = page->used;
+  if (page->block_bytes >= g.os_page) return page->scrubbed_used == 0 || used < page->scrubbed_used;
   const size_t os_pages = size_t(page->capacity) * page->block_bytes / g.os_page;
   if (used * 100 > size_t(page->capacity) * kSparsePagePercent || used > os_pages) return false;
   return page->scrubbed_used == 0 || used * 2 <= page->scrubbed_used;
@@ -164,6 +167,9 @@ bool sparse_pass(Heap* heap, bool force) {
   if (g.per_unit == 0 || debug_mode()) return false;
   const uint64_t now = os::now_ms();
   if (!force && now - heap->sparse_pass_ms < kSparsePassMs) return false;
+  // A heap that saw no pass for that long was parked, or its thread slept: its heads' idle
+  // time counts from now, not from before a new thread adopted it.
+  const bool heads_restart = now - heap->sparse_pass_ms >= kSparseHeadIdleMs;
   heap->sparse_pass_ms = now;
   bool released = false;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
@@ -171,17 +177,29 @@ bool sparse_pass(Heap* heap, bool force) {
     // its head reaches the sparse pages soon and would fault back in whatever went (thread
     // churn, where each new thread adopts the pages of one that ended, lost a page fault per
     // OS page so). Only a class that went quiet gives its sparse pages back.
-    const bool class_busy = heap->direct[c]->warm && !force;
+    Page* const head = heap->direct[c];
+    const bool class_busy = head->warm && !force;
+    // The page allocated from stays as it is while its class uses it. Once it is idle it can
+    // hold most of what the class leaves behind: a class of 16 KiB and more has a head of
+    // 128 KiB to 1 MiB (8 blocks), and the soak's heaps kept 8 MiB of them, nearly empty,
+    // through every phase after the one that used them.
+    if (head->free != heap->sparse_head_free[c] || heads_restart) {
+      heap->sparse_head_free[c] = head->free;
+      heap->sparse_head_since_ms[c] = now;
+    }
+    const bool head_idle = force || now - heap->sparse_head_since_ms[c] >= kSparseHeadIdleMs;
     for (Page* page = heap->queues[c].head; page != nullptr; page = page->next) {
-      // The page allocated from now, and empty pages kept for reuse, stay as they are; a page
-      // that was allocated from since the last pass may be again soon.
+      // Empty pages kept for reuse stay as they are; a page that was allocated from since the
+      // last pass may be again soon.
       const bool warm = page->warm;
       page->warm = false;
-      if (page == heap->direct[c] || page->retained || ((warm || class_busy) && !force)) continue;
+      if ((page == head && !head_idle) || page->retained || ((warm || class_busy) && !force))
+        continue;
       if (!force && !worth_a_look(page, g)) continue;
       page->scrubbed_used = uint16_t(page->used);
       released |= scrub_page(page, g);
     }
+    heap->sparse_head_free[c] = head->free;
   }
   return released;
 }

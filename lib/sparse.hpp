@@ -12,7 +12,7 @@ namespace tray {
 
 // Gives back the free OS pages of the heap's sparse pages that nothing allocated from since
 // the previous pass; at most one pass per kSparsePassMs unless `force` (trim, which takes
-// every page but the one allocated from). True if anything went back.
+// every page, the one allocated from included). True if anything went back.
 bool sparse_pass(Heap* heap, bool force);
 // Puts the blocks of the page's given-back OS pages back on its free list; false if it had
 // none. The page's owner, when the page has no other block to give.

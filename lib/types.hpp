@@ -146,6 +146,11 @@ struct Heap {
   Quarantine* quarantine = nullptr;  // debug mode: blocks freed but not yet reusable
   size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
   uint64_t sparse_pass_ms = 0;       // the last pass over sparse pages (sparse.cpp)
+  // Per class, the head page's free list as a sparse pass last saw it, and since when the
+  // passes have seen it so: a head neither allocated from nor freed into for
+  // kSparseHeadIdleMs is looked at like the other pages (sparse.cpp).
+  Block* sparse_head_free[kSizeClassCount] = {};
+  uint64_t sparse_head_since_ms[kSizeClassCount] = {};
   // Blocks this heap's thread freed into other heaps, gathered per owner so that frees to
   // several owners, interleaved, still cost one compare-and-swap per batch (see RemoteBucket).
   RemoteBucket outgoing[kRemoteBuckets];

@@ -10,8 +10,10 @@
 // Measured: RSS over live bytes, where live bytes are the requested sizes of the blocks held
 // plus the resident part of the workload's own index of them (16 B a block, outside malloc).
 // A sample is taken every 100 ms and at each phase's end; with --timeline FILE each one is a
-// JSON line there, with traymalloc's own numbers (per class live and reserved bytes) when
-// tray_stats_get is present (looked up with dlsym, so the program runs under any malloc).
+// JSON line there (live bytes also split into "requested" and "index", so that the size
+// classes' rounding can be told apart), with traymalloc's own numbers (per class live and
+// reserved bytes) when tray_stats_get is present (looked up with dlsym, so the program runs
+// under any malloc).
 // The RESULT line adds: rss_live_2nd_half (mean RSS over mean live, samples of the second half
 // of the phases), worst_phase (the highest RSS / live of a phase's samples) and its index,
 // rss_before_kb (before the first block), rss_idle_kb (after the idle time) and their
@@ -237,8 +239,9 @@ class Recorder {
     std::lock_guard lock(lock_);
     const double t = clock_.seconds();
     const size_t rss = resident_bytes();
-    const int64_t live = g_live_bytes.load(std::memory_order_relaxed) +
-                         g_index_bytes.load(std::memory_order_relaxed);
+    const int64_t requested = g_live_bytes.load(std::memory_order_relaxed);
+    const int64_t index = g_index_bytes.load(std::memory_order_relaxed);
+    const int64_t live = requested + index;
     if (phase >= 0 && live > 0) {
       if (size_t(phase) >= phases_.size()) phases_.resize(size_t(phase) + 1);
       PhaseSummary& summary = phases_[size_t(phase)];
@@ -248,8 +251,9 @@ class Recorder {
     }
     if (out_ == nullptr) return;
     std::fprintf(out_, "{\"t\":%.3f,\"event\":\"%s\",\"phase\":%d,\"band\":\"%s\",\"rss\":%zu,"
-                       "\"live\":%lld",
-                 t, event, phase, band, rss, static_cast<long long>(live));
+                       "\"live\":%lld,\"requested\":%lld,\"index\":%lld",
+                 t, event, phase, band, rss, static_cast<long long>(live),
+                 static_cast<long long>(requested), static_cast<long long>(index));
     if (stats_get_ != nullptr) write_tray_stats();
     std::fputs("}\n", out_);
     std::fflush(out_);

@@ -49,6 +49,10 @@ inline constexpr size_t kSparsePagePercent = 50;
 // large block. Short, so that a class that went out of use gives its memory back while the
 // next phase is still going (sparse.cpp says which pages are worth a look).
 inline constexpr uint64_t kSparsePassMs = 5;
+// The page a class allocates from is looked at too once nothing allocated from it or freed
+// into it for this long: a class used now and then (or by a thread that adopted the heap)
+// would fault back in what a shorter wait gave away.
+inline constexpr uint64_t kSparseHeadIdleMs = 100;
 // Segments whose dirty units one holder of the pool lock claims for purging: madvise runs
 // after it lets go, and a purge of more segments takes the lock again per round.
 inline constexpr unsigned kPoolPurgeClaimsPerRound = 8;

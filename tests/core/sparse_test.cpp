@@ -108,4 +108,44 @@ TEST(Sparse, SlowPathsGiveBackSparsePagesWithoutTrim) {
   for (const Held& held : kept) tray_free(held.p);
 }
 
+// The page a class allocates from (its queue's head) holds up to 8 blocks of 16 KiB and
+// more, 128 KiB to 1 MiB: once nothing allocated from it or freed into it for
+// kSparseHeadIdleMs, its free OS pages go like those of the other pages.
+TEST(Sparse, IdleHeadPageGivesBackItsFreeOsPages) {
+  constexpr size_t kSize = 64 << 10;
+  const unsigned c = tray::size_class_of(kSize);
+  const size_t per_page = tray::class_blocks_per_page(c);
+  ASSERT_GE(per_page, 4u);
+  std::thread([&] {
+    // A thread of its own: a fresh heap, whose only page of the class is the head.
+    std::vector<Held> held;
+    for (size_t i = 0; i + 1 < per_page; ++i)
+      held.push_back({static_cast<unsigned char*>(tray_malloc(kSize)), static_cast<unsigned char>(i + 1)});
+    for (Held& h : held) std::memset(h.p, h.fill, kSize);
+    for (size_t i = 1; i < held.size(); ++i) tray_free(held[i].p);
+    const tray_stats before = tray_test::stats_now();
+    // Slow paths (a large block each) more often than every kSparseHeadIdleMs, for longer.
+    const auto pause = std::chrono::milliseconds(tray::kSparsePassMs * 2);
+    for (uint64_t waited = 0; waited < tray::kSparseHeadIdleMs * 2; waited += tray::kSparsePassMs * 2) {
+      std::this_thread::sleep_for(pause);
+      void* large = tray_malloc(2 * tray::kMaxSmallBytes);
+      ASSERT_NE(large, nullptr);
+      tray_free(large);
+    }
+    EXPECT_GE(tray_test::stats_now().released_bytes - before.released_bytes, (held.size() - 1) * kSize);
+    EXPECT_TRUE(intact(held[0], kSize));
+    // The given-back blocks come back, distinct from the live one.
+    std::vector<void*> again;
+    for (size_t i = 1; i < held.size(); ++i) {
+      again.push_back(tray_malloc(kSize));
+      ASSERT_NE(again.back(), nullptr);
+      ASSERT_NE(again.back(), held[0].p);
+      std::memset(again.back(), 0x5a, kSize);
+    }
+    EXPECT_TRUE(intact(held[0], kSize));
+    for (void* p : again) tray_free(p);
+    tray_free(held[0].p);
+  }).join();
+}
+
 }  // namespace

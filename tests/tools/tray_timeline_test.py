@@ -90,6 +90,49 @@ class TrayTimelineTest(unittest.TestCase):
         self.assertEqual([d["t"] for d in dumps], [0.0, 2.5])
         self.assertEqual(dumps[1]["live"], 7 * MIB)  # classes and large blocks
 
+    def test_trend_gives_the_slope_per_hour_and_quarter_means(self):
+        # One phase a minute whose RSS / live climbs by 0.01: a slope of 0.6 per hour.
+        lines = []
+        for minute in range(60):
+            record = json.loads(soak_line(minute * 60.0, 0, 48, tray=False))
+            record.update(phase=minute, rss=int((1.5 + 0.01 * minute) * 48 * MIB))
+            lines.append(json.dumps(record))
+        result = self.run_tool("--trend", f"hour={self.write('hour.jsonl', lines)}")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("slope +0.600 per hour", result.stdout)
+        self.assertIn("first quarter's phases 1.570", result.stdout)
+        self.assertIn("last quarter's 2.020", result.stdout)
+
+    def test_least_footprint_follows_random_deaths_and_refills(self):
+        tool = load_tool()
+        footprint = tool.LeastFootprint()
+        os_pages = 64
+        packed = os_pages * 64  # 64-byte blocks, 64 per OS page
+        self.assertAlmostEqual(footprint.update([[64, packed * 64, 0]]), os_pages * 4096)
+        # One block in 64 left: each OS page is in use with the chance 1 - (63/64)^64.
+        expected = os_pages * (1 - (63 / 64) ** 64) * 4096
+        self.assertAlmostEqual(footprint.update([[64, os_pages * 64, 0]]), expected, delta=1)
+        # The class grows again into its holes: the OS pages in use do not change until the
+        # live blocks need more of them.
+        self.assertAlmostEqual(footprint.update([[64, os_pages * 64 * 20, 0]]), expected, delta=64)
+        self.assertAlmostEqual(footprint.update([[64, packed * 64, 0]]), os_pages * 4096, delta=64)
+        # Blocks of an OS page or more need no more than their bytes.
+        self.assertEqual(footprint.update([[8192, 5 * 8192, 0]]), 5 * 8192)
+
+    def test_phases_table_has_a_row_per_phase_and_the_second_half(self):
+        lines = [json.dumps({"t": 0, "event": "start", "phase": -1, "band": "", "rss": MIB,
+                             "live": 0})]
+        for phase in range(4):
+            record = json.loads(soak_line(phase + 0.5, 60, 48))
+            record.update(phase=phase, requested=40 * MIB, index=MIB)
+            lines.append(json.dumps(record))
+        result = self.run_tool("--phases", f"t={self.write('p.jsonl', lines)}")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows = [line for line in result.stdout.splitlines() if line.split()[:1] in (["0"], ["3"])]
+        self.assertEqual(len(rows), 2)
+        self.assertIn("1.25", rows[0])  # RSS / live, 60 over 48
+        self.assertIn("second half: RSS / live 1.250", result.stdout)
+
     def test_bad_input_is_refused(self):
         out = self.dir / "x.png"
         for name, lines, message in (
