@@ -358,7 +358,8 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   const size_t used_bytes = align_up(offset + std::max<size_t>(size, 1), os::page_size());
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
   LargeHeader* header = nullptr;
-  if (alignment <= kLargeHeaderBytes && used_bytes <= kSpanMaxBytes) header = span_alloc(used_bytes);
+  // A run starts on a page: alignments up to a page (debug mode's) need no more.
+  if (alignment <= kSpanPageBytes && used_bytes <= kSpanMaxBytes) header = span_alloc(used_bytes);
   else if (map_alignment == kSegmentBytes) header = cache_take(used_bytes);
   if (header != nullptr && header->reserve_bytes < used_bytes) {
     LargeHeader* grown = grow_reservation(header, used_bytes, alignment);

@@ -99,7 +99,7 @@ inline constexpr size_t kSpanMaxBytes = kSegmentBytes - kSpanPageBytes;
 inline constexpr uint64_t kSpanPurgeDelayMs = kPurgeDelayMs;
 // ...and at most the larger of a floor and a share of the bytes of live span blocks; past it the
 // chunks freed into longest ago are purged at once.
-inline constexpr size_t kSpanDirtyFloorBytes = size_t{32} << 20;
+inline constexpr size_t kSpanDirtyFloorBytes = size_t{16} << 20;
 inline constexpr size_t kSpanDirtyLivePercent = 50;
 
 // Every block is aligned to this (the smallest class is 16 bytes); larger

@@ -153,15 +153,16 @@ TEST_F(Span, ABlockFreedByAnotherThreadIsReused) {
 
 TEST_F(Span, TrimGivesBackFreeRunsAndEmptyChunks) {
   std::vector<char*> blocks;
-  for (int i = 0; i < 16; ++i) blocks.push_back(alloc_filled(1 * kMiB, uint8_t(i)));
+  // Under the dirty floor, in three chunks.
+  for (int i = 0; i < 8; ++i) blocks.push_back(alloc_filled(1 * kMiB, uint8_t(i)));
   const auto live = tray_test::stats_now();
   for (char* p : blocks) tray_free(p);
   const auto freed = tray_test::stats_now();
-  EXPECT_GE(freed.large.cached_bytes, 16 * kMiB) << "freed runs stay resident for reuse";
+  EXPECT_GE(freed.large.cached_bytes, 8 * kMiB) << "freed runs stay resident for reuse";
   ASSERT_EQ(tray_trim(), 1);
   const auto trimmed = tray_test::stats_now();
   EXPECT_EQ(trimmed.large.cached_bytes, 0u);
-  EXPECT_LE(trimmed.large.mapped_bytes + 4 * tray::kSegmentBytes, live.large.mapped_bytes)
+  EXPECT_LE(trimmed.large.mapped_bytes + 3 * tray::kSegmentBytes, live.large.mapped_bytes)
       << "the empty chunks are unmapped";
 }
 
