@@ -304,7 +304,8 @@ bool span_trim() {
 
 uint64_t span_purge_expired(uint64_t now_ms) {
   os::LockGuard guard(g_lock);
-  const auto expired = [now_ms](const SpanChunk* c) { return now_ms - c->freed_ms >= kSpanPurgeDelayMs; };
+  // A free may come after now_ms was read: it is not due.
+  const auto expired = [now_ms](const SpanChunk* c) { return now_ms >= c->freed_ms + kSpanPurgeDelayMs; };
   for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
     if (c->dirty_pages != 0 && expired(c)) purge_chunk(c);
   unmap_empty_chunks(expired);
