@@ -502,8 +502,11 @@ uint64_t large_purge_expired(uint64_t now_ms) {
 }
 
 void large_cache_usage(size_t* blocks, size_t* bytes) {
-  *blocks = g_cache_used_seen.load(std::memory_order_relaxed);
-  *bytes = g_cache_bytes_seen.load(std::memory_order_relaxed) + span_dirty_bytes();
+  size_t span_chunks;
+  size_t span_bytes;
+  span_dirty_usage(&span_chunks, &span_bytes);
+  *blocks = g_cache_used_seen.load(std::memory_order_relaxed) + span_chunks;
+  *bytes = g_cache_bytes_seen.load(std::memory_order_relaxed) + span_bytes;
 }
 
 void large_lock_for_fork() {

@@ -37,6 +37,7 @@ SpanChunk* g_chunks = nullptr;
 size_t g_dirty_bytes = 0;
 size_t g_live_bytes = 0;
 std::atomic<size_t> g_dirty_seen{0};
+std::atomic<size_t> g_dirty_chunks_seen{0};
 
 char* base_of(const void* p) { return static_cast<char*>(const_cast<void*>(p)); }
 
@@ -68,7 +69,12 @@ size_t next_with(const uint64_t* bits, size_t from, bool value) {
   return kSpanChunkPages;
 }
 
-void publish() { g_dirty_seen.store(g_dirty_bytes, std::memory_order_relaxed); }
+void publish() {
+  size_t chunks = 0;
+  for (const SpanChunk* c = g_chunks; c != nullptr; c = c->next) chunks += c->dirty_pages != 0;
+  g_dirty_chunks_seen.store(chunks, std::memory_order_relaxed);
+  g_dirty_seen.store(g_dirty_bytes, std::memory_order_relaxed);
+}
 
 void set_start(SpanChunk* chunk, size_t first, size_t count, uint16_t value) {
   for (size_t i = first; i < first + count; ++i)
@@ -316,7 +322,10 @@ uint64_t span_purge_expired(uint64_t now_ms) {
   return due;
 }
 
-size_t span_dirty_bytes() { return g_dirty_seen.load(std::memory_order_relaxed); }
+void span_dirty_usage(size_t* chunks, size_t* bytes) {
+  *chunks = g_dirty_chunks_seen.load(std::memory_order_relaxed);
+  *bytes = g_dirty_seen.load(std::memory_order_relaxed);
+}
 
 void span_lock_for_fork() { g_lock.lock(); }
 

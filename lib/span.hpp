@@ -38,8 +38,8 @@ bool span_trim();
 // Purges the free pages of chunks whose delay ran out and unmaps those left empty: when the
 // next will be due, or kNeverMs.
 uint64_t span_purge_expired(uint64_t now_ms);
-// Free pages that are resident (lock-free, for dumps).
-size_t span_dirty_bytes();
+// Chunks with resident free pages, and those pages' bytes (lock-free, for dumps).
+void span_dirty_usage(size_t* chunks, size_t* bytes);
 
 void span_lock_for_fork();
 void span_unlock_after_fork();
