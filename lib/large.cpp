@@ -9,6 +9,7 @@
 #include "platform/os.hpp"
 #include "purger.hpp"
 #include "segment.hpp"
+#include "span.hpp"
 #include "stats.hpp"
 
 namespace tray {
@@ -356,7 +357,10 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   // start at its end, in the next chunk, which the allocator does not own.
   const size_t used_bytes = align_up(offset + std::max<size_t>(size, 1), os::page_size());
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
-  LargeHeader* header = map_alignment == kSegmentBytes ? cache_take(used_bytes) : nullptr;
+  LargeHeader* header = nullptr;
+  // A run starts on a page: alignments up to a page (debug mode's) need no more.
+  if (alignment <= kSpanPageBytes && used_bytes <= kSpanMaxBytes) header = span_alloc(used_bytes);
+  else if (map_alignment == kSegmentBytes) header = cache_take(used_bytes);
   if (header != nullptr && header->reserve_bytes < used_bytes) {
     LargeHeader* grown = grow_reservation(header, used_bytes, alignment);
     // What it held stays cached for another request; this one gets a fresh mapping.
@@ -397,7 +401,8 @@ LargeHeader* large_mapping_of(const void* p, uint8_t chunk_kind) {
   const uintptr_t chunk = align_down(reinterpret_cast<uintptr_t>(p), kSegmentBytes);
   auto* header =
       reinterpret_cast<LargeHeader*>(chunk - size_t(chunk_kind - kChunkLarge) * kSegmentBytes);
-  TRAY_CHECK(header->magic == kLargeMagic);
+  if (header->magic == kSpanChunkMagic) return span_block_of(header, p);
+  TRAY_CHECK(header->magic == kLargeMagic || header->magic == kSpanBlockMagic);
   return header;
 }
 
@@ -410,7 +415,8 @@ void large_free(LargeHeader* header) {
   count_sub(g_totals.bytes_large, usable);
   count_add(g_totals.large_frees, 1);
   header->user = nullptr;  // a second free of the block no longer finds it
-  if (!cache_put(header, usable)) unmap_mapping(header);
+  if (header->magic == kSpanBlockMagic) span_free(header);
+  else if (!cache_put(header, usable)) unmap_mapping(header);
 }
 
 void large_retire(LargeHeader* header, void* user) {
@@ -422,7 +428,17 @@ void large_retire(LargeHeader* header, void* user) {
   set_dirty_bytes(header, header_bytes);
 }
 
-void large_unmap_retired(LargeHeader* header) { unmap_mapping(header); }
+void large_unmap_retired(LargeHeader* header) {
+  if (header->magic != kSpanBlockMagic) return unmap_mapping(header);
+  // Its pages go back to the chunk for other blocks, readable again and purged (a retired
+  // block's pages count as not resident, see large_retire). Pages the kernel leaves
+  // inaccessible cannot serve a block: they stay out of use.
+  const size_t header_bytes = os::page_size();
+  char* rest = base_of(header) + header_bytes;
+  if (!os::protect_read_write(rest, header->reserve_bytes - header_bytes)) return;
+  os::purge(rest, header->reserve_bytes - header_bytes);
+  span_free(header);
+}
 
 void* large_resize(LargeHeader* header, size_t new_size) {
   if (new_size > kMaxRequestBytes) return nullptr;
@@ -431,7 +447,12 @@ void* large_resize(LargeHeader* header, size_t new_size) {
   const size_t new_used = align_up(offset + new_size, os::page_size());
   const size_t old_usable = large_usable_size(header);
   const size_t old_reserve = header->reserve_bytes;
-  if (new_used <= old_reserve) {
+  if (header->magic == kSpanBlockMagic) {
+    // Pages past the end go back to the chunk; growth takes the free pages after the block, or
+    // the caller moves it (past kSpanMaxBytes, into a mapping of its own).
+    if (new_used <= old_reserve) span_shrink(header, new_used);
+    else if (new_used > kSpanMaxBytes || !span_grow(header, new_used)) return nullptr;
+  } else if (new_used <= old_reserve) {
     // Inside the reservation: no system call to grow. A tail that shrinking leaves behind goes
     // back to the OS when it is most of the block.
     if (new_used <= old_used / 2) purge_tail(header, new_used);
@@ -461,7 +482,8 @@ bool large_trim() {
     publish_cache_usage();
   }
   for (size_t i = 0; i < count; ++i) unmap_mapping(taken[i]);
-  return count != 0;
+  const bool spans = span_trim();
+  return count != 0 || spans;
 }
 
 uint64_t large_purge_expired(uint64_t now_ms) {
@@ -476,16 +498,25 @@ uint64_t large_purge_expired(uint64_t now_ms) {
     publish_cache_usage();
   }
   for (size_t i = 0; i < count; ++i) unmap_mapping(evicted[i]);
-  return due;
+  return std::min(due, span_purge_expired(now_ms));
 }
 
 void large_cache_usage(size_t* blocks, size_t* bytes) {
-  *blocks = g_cache_used_seen.load(std::memory_order_relaxed);
-  *bytes = g_cache_bytes_seen.load(std::memory_order_relaxed);
+  size_t span_chunks;
+  size_t span_bytes;
+  span_dirty_usage(&span_chunks, &span_bytes);
+  *blocks = g_cache_used_seen.load(std::memory_order_relaxed) + span_chunks;
+  *bytes = g_cache_bytes_seen.load(std::memory_order_relaxed) + span_bytes;
 }
 
-void large_lock_for_fork() { g_cache_lock.lock(); }
+void large_lock_for_fork() {
+  g_cache_lock.lock();
+  span_lock_for_fork();
+}
 
-void large_unlock_after_fork() { g_cache_lock.unlock(); }
+void large_unlock_after_fork() {
+  span_unlock_after_fork();
+  g_cache_lock.unlock();
+}
 
 }  // namespace tray

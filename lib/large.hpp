@@ -33,7 +33,8 @@ bool large_trim();
 // will be due, or kNeverMs if the cache is empty.
 uint64_t large_purge_expired(uint64_t now_ms);
 
-// Mappings in the cache and the bytes they hold (lock-free, for dumps).
+// Mappings in the cache and span chunks with resident free pages, and the bytes they hold
+// (lock-free, for dumps).
 void large_cache_usage(size_t* blocks, size_t* bytes);
 
 void large_lock_for_fork();

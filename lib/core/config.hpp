@@ -92,6 +92,20 @@ inline constexpr uint64_t kLargeCacheIdleMs = 150;
 // of the block; the rest goes back to the OS.
 inline constexpr size_t kLargeCacheFitRatio = 2;
 
+// Large blocks up to a chunk less a page are runs of pages cut from shared chunks (span.cpp):
+// pages of this size (the OS page; spans are off where it differs)...
+inline constexpr unsigned kSpanPageShift = 12;
+inline constexpr size_t kSpanPageBytes = size_t{1} << kSpanPageShift;
+inline constexpr size_t kSpanChunkPages = kSegmentBytes / kSpanPageBytes;  // page 0: the header
+inline constexpr size_t kSpanMaxBytes = kSegmentBytes - kSpanPageBytes;
+// ...whose free pages stay resident this long after the last free into their chunk (blocks
+// replaced in a loop come back within milliseconds; the segments' delay, for the same reason)...
+inline constexpr uint64_t kSpanPurgeDelayMs = kPurgeDelayMs;
+// ...and at most the larger of a floor and a share of the bytes of live span blocks; past it the
+// chunks freed into longest ago are purged at once.
+inline constexpr size_t kSpanDirtyFloorBytes = size_t{16} << 20;
+inline constexpr size_t kSpanDirtyLivePercent = 50;
+
 // Every block is aligned to this (the smallest class is 16 bytes); larger
 // alignments need a class whose size is a multiple of them, or a large block.
 inline constexpr size_t kNaturalAlignment = 16;

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/config.hpp"
 #include "support.hpp"
 
 namespace {
@@ -209,6 +210,24 @@ TEST_F(DebugDeath, AFreedLargeBlockCannotBeTouched) {
         p[100] = 2;
       },
       "");
+}
+
+// Freed large blocks under a chunk stay inaccessible in their span chunk until newer ones push
+// them out of the retired ring; then their pages serve new blocks, readable and writable.
+TEST_F(Debug, RetiredSpanBlocksServeAgainOnceEvicted) {
+  constexpr size_t kSize = 200 * 1024;
+  for (size_t i = 0; i < 2 * tray::kDebugRetiredLargeCount; ++i) {
+    auto* p = static_cast<char*>(tray_malloc(kSize));
+    ASSERT_NE(p, nullptr);
+    std::memset(p, int(i), kSize);
+    tray_free(p);
+  }
+  const auto stats = tray_test::stats_now();
+  // The retired ring's blocks (each with its header page and a page of canary), and room for
+  // the blocks of the test's other steps and the chunks' partly used ends.
+  EXPECT_LE(stats.large.mapped_bytes,
+            tray::kDebugRetiredLargeCount * (kSize + 8192) + 4 * tray::kSegmentBytes)
+      << "evicted blocks' pages were reused, not left to new chunks";
 }
 
 TEST_F(Debug, DebugAbortZeroReportsCountsAndGoesOn) {

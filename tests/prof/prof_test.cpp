@@ -86,6 +86,34 @@ class ProfTest : public ::testing::Test {
     EXPECT_EQ(tray_prof_dump(path_.c_str()), 0);
     return read_profile(path_);
   }
+  // A large block that realloc grows where it lies (or whose pages the kernel moves) is a new
+  // allocation to the profile too: one allocated before profiling began is in it afterwards,
+  // with its new size, and its data stays. `bytes`: the first size, the grown one and the
+  // shrunk one.
+  void expect_resized_block_sampled_at_new_size(const size_t (&bytes)[3]) {
+    on_fresh_thread([&] {
+      tray_free(tray_malloc(8));  // the thread's heap, which samples large requests
+      ASSERT_EQ(tray_option_set("prof", "0"), 0);
+      auto* block = static_cast<unsigned char*>(tray_malloc(bytes[0]));
+      ASSERT_NE(block, nullptr);
+      std::memset(block, 7, bytes[0]);
+      ASSERT_EQ(tray_option_set("prof", "1"), 0);
+      tray_free(tray_malloc(8));  // the heap picks up the options on a slow path
+      const Profile before = dump();
+      block = static_cast<unsigned char*>(tray_realloc(block, bytes[1]));
+      ASSERT_NE(block, nullptr);
+      EXPECT_EQ(block[bytes[0] - 1], 7) << "realloc kept the data";
+      const Profile grown = dump();
+      EXPECT_EQ(grown.total.count - before.total.count, 1u);
+      EXPECT_EQ(grown.total.bytes - before.total.bytes, uint64_t{bytes[1]});
+      block = static_cast<unsigned char*>(tray_realloc(block, bytes[2]));  // sampled, resized again
+      const Profile shrunk = dump();
+      EXPECT_EQ(shrunk.total.count - before.total.count, 1u) << "the old size left the profile";
+      EXPECT_EQ(shrunk.total.bytes - before.total.bytes, uint64_t{bytes[2]});
+      tray_free(block);
+      EXPECT_EQ(dump().total.bytes, before.total.bytes);
+    });
+  }
   std::string path_;
 };
 
@@ -136,32 +164,14 @@ TEST_F(ProfTest, LargeBlocksAreRecordedAndReallocatedAsNewSamples) {
   EXPECT_EQ(dump().total.bytes, before.total.bytes);
 }
 
-// A large block that realloc grows where it lies (or whose pages the kernel moves) is a new
-// allocation to the profile too: one allocated before profiling began is in it afterwards,
-// with its new size, and its data stays.
 TEST_F(ProfTest, LargeBlocksResizedWithoutCopyAreSampledAtTheirNewSize) {
-  on_fresh_thread([&] {
-    tray_free(tray_malloc(8));  // the thread's heap, which samples large requests
-    ASSERT_EQ(tray_option_set("prof", "0"), 0);
-    auto* block = static_cast<unsigned char*>(tray_malloc(3 << 20));
-    ASSERT_NE(block, nullptr);
-    std::memset(block, 7, 3 << 20);
-    ASSERT_EQ(tray_option_set("prof", "1"), 0);
-    tray_free(tray_malloc(8));  // the heap picks up the options on a slow path
-    const Profile before = dump();
-    block = static_cast<unsigned char*>(tray_realloc(block, 5 << 20));
-    ASSERT_NE(block, nullptr);
-    EXPECT_EQ(block[(3 << 20) - 1], 7) << "realloc kept the data";
-    const Profile grown = dump();
-    EXPECT_EQ(grown.total.count - before.total.count, 1u);
-    EXPECT_EQ(grown.total.bytes - before.total.bytes, uint64_t{5} << 20);
-    block = static_cast<unsigned char*>(tray_realloc(block, 4 << 20));  // sampled, resized again
-    const Profile shrunk = dump();
-    EXPECT_EQ(shrunk.total.count - before.total.count, 1u) << "the old size left the profile";
-    EXPECT_EQ(shrunk.total.bytes - before.total.bytes, uint64_t{4} << 20);
-    tray_free(block);
-    EXPECT_EQ(dump().total.bytes, before.total.bytes);
-  });
+  expect_resized_block_sampled_at_new_size({size_t{5} << 20, size_t{9} << 20, size_t{8} << 20});
+}
+
+// A block in a span chunk that grows into the free pages after it, then gives some back.
+TEST_F(ProfTest, SpanBlocksResizedInPlaceAreSampledAtTheirNewSize) {
+  tray_trim();  // a fresh chunk: the pages after the block are free
+  expect_resized_block_sampled_at_new_size({size_t{512} << 10, size_t{1} << 20, size_t{768} << 10});
 }
 
 TEST_F(ProfTest, SampledBlocksKeepAlignmentAndZeroing) {

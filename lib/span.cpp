@@ -1,0 +1,334 @@
+#include "span.hpp"
+
+#include <algorithm>
+#include <atomic>
+
+#include "core/assert.hpp"
+#include "core/bits.hpp"
+#include "core/config.hpp"
+#include "platform/os.hpp"
+#include "purger.hpp"
+#include "segment.hpp"
+#include "stats.hpp"
+
+namespace tray {
+
+namespace {
+
+constexpr size_t kBitWords = kSpanChunkPages / 64;
+
+// The first page of a span chunk. `magic` lies where a LargeHeader has its own. Lock held for
+// everything but `start`, which frees read without it (a block's entries change only while
+// the block is not live).
+struct SpanChunk {
+  uint32_t magic;
+  uint32_t free_pages;
+  uint32_t dirty_pages;  // free and resident
+  SpanChunk* next;
+  uint64_t freed_ms;  // the last free into it
+  uint64_t free_bits[kBitWords];
+  uint64_t dirty_bits[kBitWords];  // a subset of free_bits
+  uint16_t start[kSpanChunkPages];  // of a used page: its block's first page; 0 when free
+};
+static_assert(sizeof(SpanChunk) <= kSpanPageBytes);
+
+os::Mutex g_lock;
+SpanChunk* g_chunks = nullptr;
+size_t g_dirty_bytes = 0;
+size_t g_live_bytes = 0;
+std::atomic<size_t> g_dirty_seen{0};
+std::atomic<size_t> g_dirty_chunks_seen{0};
+
+char* base_of(const void* p) { return static_cast<char*>(const_cast<void*>(p)); }
+
+SpanChunk* chunk_of(const void* p) {
+  return reinterpret_cast<SpanChunk*>(align_down(reinterpret_cast<uintptr_t>(p), kSegmentBytes));
+}
+
+size_t page_index(const SpanChunk* chunk, const void* p) {
+  return size_t(base_of(p) - base_of(chunk)) >> kSpanPageShift;
+}
+
+bool test(const uint64_t* bits, size_t i) { return (bits[i / 64] >> (i % 64)) & 1; }
+
+void set_range(uint64_t* bits, size_t first, size_t count, bool value) {
+  for (size_t i = first; i < first + count; ++i) {
+    const uint64_t mask = uint64_t{1} << (i % 64);
+    bits[i / 64] = value ? bits[i / 64] | mask : bits[i / 64] & ~mask;
+  }
+}
+
+// The first page at or after `from` whose bit is `value`, or kSpanChunkPages.
+size_t next_with(const uint64_t* bits, size_t from, bool value) {
+  while (from < kSpanChunkPages) {
+    uint64_t word = value ? bits[from / 64] : ~bits[from / 64];
+    word &= ~uint64_t{0} << (from % 64);
+    if (word != 0) return (from & ~size_t{63}) + size_t(__builtin_ctzll(word));
+    from = (from | 63) + 1;
+  }
+  return kSpanChunkPages;
+}
+
+void publish() {
+  size_t chunks = 0;
+  for (const SpanChunk* c = g_chunks; c != nullptr; c = c->next) chunks += c->dirty_pages != 0;
+  g_dirty_chunks_seen.store(chunks, std::memory_order_relaxed);
+  g_dirty_seen.store(g_dirty_bytes, std::memory_order_relaxed);
+}
+
+void set_start(SpanChunk* chunk, size_t first, size_t count, uint16_t value) {
+  for (size_t i = first; i < first + count; ++i)
+    __atomic_store_n(&chunk->start[i], value, __ATOMIC_RELAXED);
+}
+
+// Takes pages [first, first + count) of `chunk` for the block starting at page `owner`: how
+// many bytes from `first` up to the end of the last resident one (0 if none was).
+size_t take_pages(SpanChunk* chunk, size_t first, size_t count, size_t owner) {
+  size_t dirty = 0;
+  size_t touched_end = first;
+  for (size_t i = first; i < first + count; ++i) {
+    if (!test(chunk->dirty_bits, i)) continue;
+    ++dirty;
+    touched_end = i + 1;
+  }
+  set_range(chunk->free_bits, first, count, false);
+  set_range(chunk->dirty_bits, first, count, false);
+  set_start(chunk, first, count, uint16_t(owner));
+  chunk->free_pages -= uint32_t(count);
+  chunk->dirty_pages -= uint32_t(dirty);
+  g_dirty_bytes -= dirty * kSpanPageBytes;
+  g_live_bytes += count * kSpanPageBytes;
+  // The block's header counts them from now on (the caller sets its dirty_bytes).
+  count_sub(g_totals.bytes_large_committed, dirty * kSpanPageBytes);
+  return (touched_end - first) * kSpanPageBytes;
+}
+
+// Gives pages [first, first + count) back to `chunk`, resident.
+void give_pages(SpanChunk* chunk, size_t first, size_t count, uint64_t now) {
+  set_range(chunk->free_bits, first, count, true);
+  set_range(chunk->dirty_bits, first, count, true);
+  set_start(chunk, first, count, 0);
+  chunk->free_pages += uint32_t(count);
+  chunk->dirty_pages += uint32_t(count);
+  chunk->freed_ms = now;
+  g_dirty_bytes += count * kSpanPageBytes;
+  g_live_bytes -= count * kSpanPageBytes;
+  count_add(g_totals.bytes_large_committed, count * kSpanPageBytes);
+}
+
+// Gives the chunk's resident free pages back to the OS, run by run. Pages the kernel refused
+// stay counted as resident: a later calloc must not take them for zero.
+void purge_chunk(SpanChunk* chunk) {
+  for (size_t s = next_with(chunk->dirty_bits, 1, true); s < kSpanChunkPages;) {
+    const size_t e = next_with(chunk->dirty_bits, s, false);
+    const size_t count = e - s;
+    if (os::purge(base_of(chunk) + s * kSpanPageBytes, count * kSpanPageBytes)) {
+      set_range(chunk->dirty_bits, s, count, false);
+      chunk->dirty_pages -= uint32_t(count);
+      g_dirty_bytes -= count * kSpanPageBytes;
+      count_sub(g_totals.bytes_large_committed, count * kSpanPageBytes);
+      count_add(g_totals.bytes_purged, count * kSpanPageBytes);
+    }
+    s = next_with(chunk->dirty_bits, e, true);
+  }
+}
+
+size_t dirty_limit_bytes() {
+  return std::max(kSpanDirtyFloorBytes, g_live_bytes / 100 * kSpanDirtyLivePercent);
+}
+
+// Purges the chunks freed into longest ago until the resident free pages are within the limit.
+void purge_over_limit() {
+  const size_t limit = dirty_limit_bytes();
+  while (g_dirty_bytes > limit) {
+    SpanChunk* oldest = nullptr;
+    for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
+      if (c->dirty_pages != 0 && (oldest == nullptr || c->freed_ms < oldest->freed_ms)) oldest = c;
+    if (oldest == nullptr) return;
+    const size_t before = g_dirty_bytes;
+    purge_chunk(oldest);
+    if (g_dirty_bytes == before) return;  // the kernel refuses: nothing more to do now
+  }
+}
+
+bool chunk_empty(const SpanChunk* chunk) { return chunk->free_pages == kSpanChunkPages - 1; }
+
+void unmap_chunk(SpanChunk* chunk) {
+  // Its header page is all that is counted resident once the free pages are gone.
+  count_sub(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
+  g_dirty_bytes -= chunk->dirty_pages * kSpanPageBytes;
+  count_add(g_totals.bytes_purged, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
+  count_sub(g_totals.bytes_mapped, kSegmentBytes);
+  chunk_map_clear(chunk, kSegmentBytes);
+  os::unmap(chunk, kSegmentBytes);
+}
+
+// Unlinks and unmaps the empty chunks that `expired` says may go.
+template <typename Expired>
+bool unmap_empty_chunks(Expired expired) {
+  bool any = false;
+  for (SpanChunk** link = &g_chunks; *link != nullptr;) {
+    SpanChunk* c = *link;
+    if (chunk_empty(c) && expired(c)) {
+      *link = c->next;
+      unmap_chunk(c);
+      any = true;
+    } else {
+      link = &c->next;
+    }
+  }
+  return any;
+}
+
+SpanChunk* map_chunk() {
+  auto* chunk = static_cast<SpanChunk*>(os::map_aligned(kSegmentBytes, kSegmentBytes));
+  if (chunk == nullptr) return nullptr;
+  chunk->magic = kSpanChunkMagic;
+  chunk->free_pages = kSpanChunkPages - 1;
+  set_range(chunk->free_bits, 1, kSpanChunkPages - 1, true);
+  chunk->next = g_chunks;
+  g_chunks = chunk;
+  count_add(g_totals.bytes_mapped, kSegmentBytes);
+  count_add(g_totals.bytes_large_committed, kSpanPageBytes);
+  chunk_map_set(chunk, kSegmentBytes, true);
+  return chunk;
+}
+
+// The smallest free run of at least `count` pages over all chunks (the first of equals):
+// blocks of every size pack into the pages others freed, and big runs stay whole for big
+// blocks. False if none.
+bool best_fit(size_t count, SpanChunk** out_chunk, size_t* out_first) {
+  size_t best_length = kSpanChunkPages;
+  for (SpanChunk* c = g_chunks; c != nullptr; c = c->next) {
+    if (c->free_pages < count) continue;
+    for (size_t s = next_with(c->free_bits, 1, true); s < kSpanChunkPages;) {
+      const size_t e = next_with(c->free_bits, s, false);
+      if (e - s >= count && e - s < best_length) {
+        best_length = e - s;
+        *out_chunk = c;
+        *out_first = s;
+        if (best_length == count) return true;
+      }
+      s = next_with(c->free_bits, e, true);
+    }
+  }
+  return best_length != kSpanChunkPages;
+}
+
+}  // namespace
+
+LargeHeader* span_alloc(size_t used_bytes) {
+  TRAY_ASSERT(used_bytes <= kSpanMaxBytes && used_bytes % kSpanPageBytes == 0);
+  if (os::page_size() != kSpanPageBytes) return nullptr;
+  const size_t count = used_bytes >> kSpanPageShift;
+  os::LockGuard guard(g_lock);
+  SpanChunk* chunk = nullptr;
+  size_t first = 0;
+  if (!best_fit(count, &chunk, &first)) {
+    chunk = map_chunk();
+    if (chunk == nullptr) return nullptr;
+    first = 1;
+  }
+  const size_t touched = take_pages(chunk, first, count, first);
+  publish();
+  auto* header = reinterpret_cast<LargeHeader*>(base_of(chunk) + first * kSpanPageBytes);
+  header->magic = kSpanBlockMagic;
+  header->reserve_bytes = used_bytes;
+  // The header page is touched now, whatever the page held.
+  header->dirty_bytes = std::max(touched, kSpanPageBytes);
+  count_add(g_totals.bytes_large_committed, header->dirty_bytes);
+  return header;
+}
+
+LargeHeader* span_block_of(const void* chunk, const void* p) {
+  const auto* c = static_cast<const SpanChunk*>(chunk);
+  const size_t page = page_index(c, p);
+  const size_t first = page == 0 ? 0 : __atomic_load_n(&c->start[page], __ATOMIC_RELAXED);
+  if (first == 0) return nullptr;
+  return reinterpret_cast<LargeHeader*>(base_of(c) + first * kSpanPageBytes);
+}
+
+void span_free(LargeHeader* header) {
+  SpanChunk* chunk = chunk_of(header);
+  const size_t first = page_index(chunk, header);
+  // Every page of the block counts as resident now (an upper bound, as for joined mappings).
+  count_sub(g_totals.bytes_large_committed, header->dirty_bytes);
+  header->dirty_bytes = 0;
+  {
+    os::LockGuard guard(g_lock);
+    give_pages(chunk, first, header->reserve_bytes >> kSpanPageShift, os::now_ms());
+    purge_over_limit();
+    publish();
+  }
+  purger_notify();
+}
+
+bool span_grow(LargeHeader* header, size_t new_used) {
+  SpanChunk* chunk = chunk_of(header);
+  const size_t first = page_index(chunk, header);
+  const size_t end = first + (header->reserve_bytes >> kSpanPageShift);
+  const size_t new_end = first + (new_used >> kSpanPageShift);
+  if (new_end > kSpanChunkPages) return false;
+  os::LockGuard guard(g_lock);
+  if (next_with(chunk->free_bits, end, false) < new_end) return false;
+  // The taken pages' contents are the block's to overwrite: their touched bytes need no zeroing,
+  // and the caller counts the whole grown block as touched.
+  take_pages(chunk, end, new_end - end, first);
+  publish();
+  header->reserve_bytes = new_used;
+  return true;
+}
+
+void span_shrink(LargeHeader* header, size_t new_used) {
+  if (new_used >= header->reserve_bytes) return;
+  SpanChunk* chunk = chunk_of(header);
+  const size_t first = page_index(chunk, header);
+  const size_t new_end = first + (new_used >> kSpanPageShift);
+  const size_t count = (header->reserve_bytes - new_used) >> kSpanPageShift;
+  // The pages move from the block's touched count to the chunk's.
+  const size_t dirty = std::min(header->dirty_bytes, new_used);
+  count_sub(g_totals.bytes_large_committed, header->dirty_bytes - dirty);
+  header->dirty_bytes = dirty;
+  header->reserve_bytes = new_used;
+  {
+    os::LockGuard guard(g_lock);
+    give_pages(chunk, new_end, count, os::now_ms());
+    purge_over_limit();
+    publish();
+  }
+  purger_notify();
+}
+
+bool span_trim() {
+  os::LockGuard guard(g_lock);
+  const size_t dirty_before = g_dirty_bytes;
+  for (SpanChunk* c = g_chunks; c != nullptr; c = c->next) purge_chunk(c);
+  const bool unmapped = unmap_empty_chunks([](const SpanChunk*) { return true; });
+  publish();
+  return unmapped || g_dirty_bytes != dirty_before;
+}
+
+uint64_t span_purge_expired(uint64_t now_ms) {
+  os::LockGuard guard(g_lock);
+  // A free may come after now_ms was read: it is not due.
+  const auto expired = [now_ms](const SpanChunk* c) { return now_ms >= c->freed_ms + kSpanPurgeDelayMs; };
+  for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
+    if (c->dirty_pages != 0 && expired(c)) purge_chunk(c);
+  unmap_empty_chunks(expired);
+  uint64_t due = kNeverMs;
+  for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
+    if (c->dirty_pages != 0 || chunk_empty(c)) due = std::min(due, c->freed_ms + kSpanPurgeDelayMs);
+  publish();
+  return due;
+}
+
+void span_dirty_usage(size_t* chunks, size_t* bytes) {
+  *chunks = g_dirty_chunks_seen.load(std::memory_order_relaxed);
+  *bytes = g_dirty_seen.load(std::memory_order_relaxed);
+}
+
+void span_lock_for_fork() { g_lock.lock(); }
+
+void span_unlock_after_fork() { g_lock.unlock(); }
+
+}  // namespace tray

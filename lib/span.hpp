@@ -1,0 +1,47 @@
+// Large blocks that fit in a chunk (above kMaxSmallBytes, up to kSpanMaxBytes) are runs of OS
+// pages cut from shared 4 MiB chunks (span chunks), not mappings of their own: a freed run
+// stays resident and serves the next block of any size that fits in it, so blocks that come
+// and go are not faulted in again, and a 300 KiB block does not hold a 4 MiB chunk. Free pages
+// stay dirty for kSpanPurgeDelayMs after the last free into their chunk, and at most the
+// larger of kSpanDirtyFloorBytes and a share of the live span bytes.
+//
+// A span chunk starts with its SpanChunk header page, where a large mapping has its
+// LargeHeader: the chunk map marks it as a one-chunk large mapping, and large_mapping_of tells
+// the two apart by the magic. Each block still has a LargeHeader at its first page.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "types.hpp"
+
+namespace tray {
+
+inline constexpr uint32_t kSpanChunkMagic = 0x5350414E;  // "SPAN": a span chunk's header
+inline constexpr uint32_t kSpanBlockMagic = 0x5350424B;  // "SPBK": a block inside one
+
+// A run of used_bytes (whole pages, at most kSpanMaxBytes) with its LargeHeader's magic,
+// reserve_bytes (= used_bytes) and dirty_bytes (the touched prefix: reused pages) set and
+// counted; nullptr if spans are off (OS pages other than kSpanPageBytes) or the OS refuses.
+LargeHeader* span_alloc(size_t used_bytes);
+// The header of the live block that p lies in, inside the span chunk `chunk`; nullptr if p lies
+// in the chunk's header page or in free pages.
+LargeHeader* span_block_of(const void* chunk, const void* p);
+// Gives the block's pages back to its chunk (they stay dirty, see above).
+void span_free(LargeHeader* header);
+// Grows the block in place to new_used bytes if the pages after it are free; false if not.
+bool span_grow(LargeHeader* header, size_t new_used);
+// Gives the block's pages past new_used back to its chunk.
+void span_shrink(LargeHeader* header, size_t new_used);
+// Purges every free page and unmaps empty chunks; true if there was any.
+bool span_trim();
+// Purges the free pages of chunks whose delay ran out and unmaps those left empty: when the
+// next will be due, or kNeverMs.
+uint64_t span_purge_expired(uint64_t now_ms);
+// Chunks with resident free pages, and those pages' bytes (lock-free, for dumps).
+void span_dirty_usage(size_t* chunks, size_t* bytes);
+
+void span_lock_for_fork();
+void span_unlock_after_fork();
+
+}  // namespace tray

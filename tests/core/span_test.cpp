@@ -1,0 +1,184 @@
+// Large blocks that fit in a chunk are runs of pages in shared span chunks (span.cpp): a freed
+// run serves the next block that fits, runs are split and joined again, realloc grows into the
+// free pages after a block, and the free pages go back to the OS after a burst, on malloc_trim
+// and once the purge delay runs out. Each test starts from a trim, which unmaps every empty
+// chunk, so the blocks it allocates are laid out from the start of a fresh chunk.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/config.hpp"
+#include "support.hpp"
+#include "traymalloc.h"
+
+namespace {
+
+using tray_test::kKiB;
+using tray_test::kMiB;
+
+// What a span block of `size` bytes takes: its 64-byte header and the block, in whole pages.
+size_t run_bytes(size_t size) { return (64 + size + 4095) / 4096 * 4096; }
+// The size of the block that takes the rest of a fresh chunk after blocks of `taken` bytes (in
+// runs), so that the only free runs are those a test frees.
+size_t rest_of_chunk(size_t taken) { return tray::kSpanMaxBytes - taken - 64; }
+
+char* alloc_filled(size_t size, uint8_t seed) {
+  auto* p = static_cast<char*>(tray_malloc(size));
+  if (p != nullptr) tray_test::fill_sequence(p, size, seed);
+  return p;
+}
+
+uintptr_t chunk_of(const void* p) { return reinterpret_cast<uintptr_t>(p) & ~(tray::kSegmentBytes - 1); }
+
+class Span : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Spans are cut from the OS page; where it is not 4 KiB every large block is a mapping.
+    if (::sysconf(_SC_PAGESIZE) != 4096) GTEST_SKIP() << "spans need 4 KiB pages";
+    tray_trim();
+  }
+};
+
+TEST_F(Span, AFreedRunIsReusedAndBlocksShareAChunk) {
+  char* a = alloc_filled(300 * kKiB, 1);
+  char* b = alloc_filled(300 * kKiB, 2);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(chunk_of(a), chunk_of(b)) << "blocks under a chunk are packed together";
+  EXPECT_EQ(b, a + run_bytes(300 * kKiB));
+  tray_free(a);
+  const auto before = tray_test::stats_now();
+  char* again = alloc_filled(250 * kKiB, 3);
+  EXPECT_EQ(again, a) << "the freed run serves the next block that fits";
+  EXPECT_EQ(tray_test::stats_now().large.mapped_bytes, before.large.mapped_bytes);
+  EXPECT_TRUE(tray_test::sequence_intact(b, 300 * kKiB, 2));
+  tray_free(again);
+  tray_free(b);
+}
+
+TEST_F(Span, NeighbouringFreeRunsJoinAndABigRunIsSplit) {
+  const size_t size = 1 * kMiB;
+  char* a = alloc_filled(size, 1);
+  char* b = alloc_filled(size, 2);
+  const size_t c_size = rest_of_chunk(2 * run_bytes(size));
+  char* c = alloc_filled(c_size, 3);
+  ASSERT_EQ(b, a + run_bytes(size));
+  ASSERT_EQ(c, b + run_bytes(size));
+  tray_free(a);
+  tray_free(b);
+  // The two runs, joined, are the only free pages of the chunk.
+  char* joined = alloc_filled(2 * size, 4);
+  EXPECT_EQ(joined, a);
+  tray_free(joined);
+  // The joined run is split: the smallest free run that fits serves each block.
+  char* first = alloc_filled(200 * kKiB, 5);
+  char* second = alloc_filled(200 * kKiB, 6);
+  EXPECT_EQ(first, a);
+  EXPECT_EQ(second, a + run_bytes(200 * kKiB));
+  EXPECT_TRUE(tray_test::sequence_intact(c, c_size, 3));
+  EXPECT_TRUE(tray_test::sequence_intact(first, 200 * kKiB, 5));
+  tray_free(first);
+  tray_free(second);
+  tray_free(c);
+}
+
+TEST_F(Span, ReallocGrowsInPlaceIntoFreePagesAndMovesWhenTheyAreTaken) {
+  char* p = alloc_filled(200 * kKiB, 7);
+  ASSERT_NE(p, nullptr);
+  char* grown = static_cast<char*>(tray_realloc(p, 1 * kMiB));
+  EXPECT_EQ(grown, p) << "the pages after the block are free";
+  EXPECT_TRUE(tray_test::sequence_intact(grown, 200 * kKiB, 7));
+  tray_test::fill_sequence(grown, 1 * kMiB, 8);
+  char* neighbour = alloc_filled(200 * kKiB, 9);
+  EXPECT_EQ(neighbour, grown + run_bytes(1 * kMiB));
+  char* moved = static_cast<char*>(tray_realloc(grown, 2 * kMiB));
+  ASSERT_NE(moved, nullptr);
+  EXPECT_NE(moved, grown);
+  EXPECT_TRUE(tray_test::sequence_intact(moved, 1 * kMiB, 8));
+  // Past a chunk the block becomes a mapping of its own, contents kept.
+  char* big = static_cast<char*>(tray_realloc(moved, 6 * kMiB));
+  ASSERT_NE(big, nullptr);
+  EXPECT_TRUE(tray_test::sequence_intact(big, 1 * kMiB, 8));
+  EXPECT_TRUE(tray_test::sequence_intact(neighbour, 200 * kKiB, 9));
+  tray_free(big);
+  tray_free(neighbour);
+}
+
+TEST_F(Span, ShrinkingGivesTheTailToTheNextBlock) {
+  char* p = alloc_filled(2 * kMiB, 1);
+  const size_t after_size = rest_of_chunk(run_bytes(2 * kMiB));
+  char* after = alloc_filled(after_size, 2);
+  ASSERT_EQ(after, p + run_bytes(2 * kMiB));
+  ASSERT_EQ(tray_realloc(p, 1 * kMiB), p);
+  EXPECT_TRUE(tray_test::sequence_intact(p, 1 * kMiB, 1));
+  // The tail is the only free run of the chunk.
+  char* tail = alloc_filled(512 * kKiB, 3);
+  EXPECT_EQ(tail, p + run_bytes(1 * kMiB));
+  EXPECT_TRUE(tray_test::sequence_intact(after, after_size, 2));
+  tray_free(tail);
+  tray_free(after);
+  tray_free(p);
+}
+
+TEST_F(Span, CallocOfAReusedRunIsZero) {
+  const size_t size = 700 * kKiB;
+  auto* dirty = static_cast<char*>(tray_malloc(size));
+  ASSERT_NE(dirty, nullptr);
+  std::memset(dirty, 0xAB, size);
+  tray_free(dirty);
+  auto* zeroed = static_cast<char*>(tray_calloc(1, size));
+  ASSERT_EQ(zeroed, dirty) << "the test needs the run reused";
+  for (size_t i = 0; i < size; i += 512) ASSERT_EQ(zeroed[i], 0) << "at " << i;
+  EXPECT_EQ(zeroed[size - 1], 0);
+  tray_free(zeroed);
+}
+
+TEST_F(Span, ABlockFreedByAnotherThreadIsReused) {
+  char* p = alloc_filled(400 * kKiB, 4);
+  ASSERT_NE(p, nullptr);
+  std::thread([p] {
+    EXPECT_TRUE(tray_test::sequence_intact(p, 400 * kKiB, 4));
+    tray_free(p);
+  }).join();
+  char* again = alloc_filled(400 * kKiB, 5);
+  EXPECT_EQ(again, p);
+  tray_free(again);
+}
+
+TEST_F(Span, TrimGivesBackFreeRunsAndEmptyChunks) {
+  std::vector<char*> blocks;
+  // Under the dirty floor, in three chunks.
+  for (int i = 0; i < 8; ++i) blocks.push_back(alloc_filled(1 * kMiB, uint8_t(i)));
+  const auto live = tray_test::stats_now();
+  for (char* p : blocks) tray_free(p);
+  const auto freed = tray_test::stats_now();
+  EXPECT_GE(freed.large.cached_bytes, 8 * kMiB) << "freed runs stay resident for reuse";
+  ASSERT_EQ(tray_trim(), 1);
+  const auto trimmed = tray_test::stats_now();
+  EXPECT_EQ(trimmed.large.cached_bytes, 0u);
+  EXPECT_LE(trimmed.large.mapped_bytes + 3 * tray::kSegmentBytes, live.large.mapped_bytes)
+      << "the empty chunks are unmapped";
+}
+
+// A burst of blocks freed together: at most the dirty limit stays resident at once, and the
+// idle purger gives the rest back once the delay is up, with no call into the allocator.
+TEST_F(Span, ABurstIsGivenBackAfterTheDelay) {
+  const size_t count = (tray::kSpanDirtyFloorBytes / kMiB) * 2;
+  std::vector<char*> blocks;
+  for (size_t i = 0; i < count; ++i) blocks.push_back(alloc_filled(1 * kMiB, uint8_t(i)));
+  for (char* p : blocks) tray_free(p);
+  EXPECT_LE(tray_test::stats_now().large.cached_bytes, tray::kSpanDirtyFloorBytes)
+      << "past the limit, free runs are purged as they come";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (tray_test::stats_now().large.cached_bytes != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(tray_test::stats_now().large.cached_bytes, 0u);
+}
+
+}  // namespace
