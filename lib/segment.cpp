@@ -28,18 +28,18 @@ bool g_unit_map_read_only = false;
 
 uintptr_t* g_unit_map = g_unit_map_boot;
 
-bool unit_map_reserve() {
-  if (__atomic_load_n(&g_unit_map, __ATOMIC_ACQUIRE) != g_unit_map_boot) return true;
+void unit_map_reserve() {
+  if (__atomic_load_n(&g_unit_map, __ATOMIC_ACQUIRE) != g_unit_map_boot) return;
   os::LockGuard guard(g_unit_map_lock);
-  if (g_unit_map != g_unit_map_boot) return true;
+  if (g_unit_map != g_unit_map_boot) return;
   void* map = os::map(kUnitMapBytes);
   if (map == nullptr) {
     map = os::map_read_only(kUnitMapBytes);
     g_unit_map_read_only = true;
   }
-  if (map == nullptr) return false;
+  // Without the map every free would read past one word: stop here, with the reason.
+  if (map == nullptr) fatal("cannot reserve 16 GiB of address space for the unit map (ulimit -v?)");
   __atomic_store_n(&g_unit_map, static_cast<uintptr_t*>(map), __ATOMIC_RELEASE);
-  return true;
 }
 
 namespace {
@@ -62,7 +62,7 @@ void unit_map_set(const Segment* s, unsigned first, unsigned count, const Page* 
 
 // A new segment's entries, writable (see g_unit_map_read_only); false if the OS refused.
 bool unit_map_prepare(const Segment* s) {
-  if (!unit_map_reserve()) return false;
+  unit_map_reserve();
   if (!g_unit_map_read_only) return true;
   const uintptr_t start = align_down(reinterpret_cast<uintptr_t>(unit_map_entries(s)), os::page_size());
   const uintptr_t end = reinterpret_cast<uintptr_t>(unit_map_entries(s) + kUnitsPerSegment);

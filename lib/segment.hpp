@@ -58,7 +58,8 @@ TRAY_INLINE uint8_t chunk_kind(const void* p) {
 // address space (kAddressBits): 16 GiB of address space, of which only the OS pages holding
 // entries of mapped segments are ever touched (one per 32 MiB of segments). It is reserved by
 // the library's constructor, or by whatever allocates first, before any block exists; until
-// then g_unit_map points at one zero word, which serves free(nullptr). A pointer above the
+// then g_unit_map points at one zero word, which serves free(nullptr): a free of another
+// allocator's block before both would read past it. A pointer above the
 // user address space indexes past the map and faults there, as glibc faults on such a free.
 // Entries change and are read like the chunk map's (see above).
 extern TRAY_HIDDEN uintptr_t* g_unit_map;
@@ -74,8 +75,8 @@ TRAY_INLINE Page* unit_page_of(const void* p) {
   return reinterpret_cast<Page*>(reinterpret_cast<uintptr_t>(&g_foreign_page) + offset);
 }
 
-// Reserves the unit map if no one has; false if the OS refused.
-bool unit_map_reserve();
+// Reserves the unit map if no one has; stops the program if the OS refuses.
+void unit_map_reserve();
 
 void chunk_map_set(const void* base, size_t bytes, bool large);
 // Marks the guarded slots' region, for good (it is never unmapped).
