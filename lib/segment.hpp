@@ -68,7 +68,8 @@ extern TRAY_HIDDEN constinit Page g_foreign_page;
 TRAY_INLINE Page* unit_page_of(const void* p) {
   const uintptr_t unit = reinterpret_cast<uintptr_t>(p) >> kUnitShift;
 #if defined(TRAY_TSAN)
-  const uintptr_t offset = __atomic_load_n(&g_unit_map[unit], __ATOMIC_RELAXED);
+  const uintptr_t offset =
+      __atomic_load_n(&__atomic_load_n(&g_unit_map, __ATOMIC_RELAXED)[unit], __ATOMIC_RELAXED);
 #else
   const uintptr_t offset = g_unit_map[unit];
 #endif
