@@ -50,14 +50,7 @@ TRAY_INLINE void* alloc_untracked(size_t size) noexcept {
 }
 
 TRAY_INLINE void dealloc_untracked(void* p) noexcept {
-  uintptr_t chunk = reinterpret_cast<uintptr_t>(p) >> kSegmentShift;
-  if (TRAY_LIKELY(chunk < kChunkCount && chunk_map_load(chunk) == kChunkSegment)) {
-    // Opaque, or the optimizer rebuilds the segment from p with a copy and a mask instead of
-    // shifting back the chunk index it holds: one instruction more.
-    TRAY_OPAQUE(chunk);
-    Segment* segment = reinterpret_cast<Segment*>(chunk << kSegmentShift);
-    if (TRAY_LIKELY(heap_free_own(unit_descriptor_of(segment, p), p))) return;
-  }
+  if (TRAY_LIKELY(heap_free_own(unit_page_of(p), p))) return;
   free_slow(p);
 }
 

@@ -352,15 +352,12 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
 }
 
 void heap_free_remote(Block* block) noexcept {
-  Page* page = unit_descriptor_of(segment_of(block), block);
-  if (page->heap == nullptr) {
-    page = page_of(segment_of(block), block);
-    if (TRAY_UNLIKELY(page->heap == nullptr)) {
-      // Inside a segment but in no page: a stale or made-up pointer. Dropping it keeps the
-      // pools intact.
-      count_add(g_totals.foreign_frees, 1);
-      return;
-    }
+  Page* page = unit_page_of(block);
+  if (TRAY_UNLIKELY(page->heap == nullptr)) {
+    // Inside a segment but in no page: a stale or made-up pointer. Dropping it keeps the pools
+    // intact.
+    count_add(g_totals.foreign_frees, 1);
+    return;
   }
   free_key_check_and_set(page, block);
   // A thread that frees what others allocated, and never allocated itself (a consumer), gets a

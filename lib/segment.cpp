@@ -12,8 +12,62 @@
 namespace tray {
 
 constinit uint8_t g_chunk_map[kChunkCount];
+constinit Page g_foreign_page;
 
 namespace {
+
+constinit uintptr_t g_unit_map_boot[1] = {};
+constexpr size_t kUnitMapBytes = (size_t{1} << (kAddressBits - kUnitShift)) * sizeof(uintptr_t);
+os::Mutex g_unit_map_lock;
+// Where a strict overcommit policy refuses 16 GiB of writable memory, the map is mapped
+// read-only (never charged) and the OS pages that get entries are made writable as segments
+// arrive. Written before g_unit_map is published.
+bool g_unit_map_read_only = false;
+
+}  // namespace
+
+uintptr_t* g_unit_map = g_unit_map_boot;
+
+void unit_map_reserve() {
+  if (__atomic_load_n(&g_unit_map, __ATOMIC_ACQUIRE) != g_unit_map_boot) return;
+  os::LockGuard guard(g_unit_map_lock);
+  if (g_unit_map != g_unit_map_boot) return;
+  void* map = os::map(kUnitMapBytes);
+  if (map == nullptr) {
+    map = os::map_read_only(kUnitMapBytes);
+    g_unit_map_read_only = true;
+  }
+  // Without the map every free would read past one word: stop here, with the reason.
+  if (map == nullptr) fatal("cannot reserve 16 GiB of address space for the unit map (ulimit -v?)");
+  __atomic_store_n(&g_unit_map, static_cast<uintptr_t*>(map), __ATOMIC_RELEASE);
+}
+
+namespace {
+
+// Before any thread can free: frees of memory from before the first allocation (another
+// allocator's, under LD_PRELOAD) read the map too.
+__attribute__((constructor(101))) void unit_map_at_start() { unit_map_reserve(); }
+
+uintptr_t* unit_map_entries(const Segment* s) {
+  return g_unit_map + (reinterpret_cast<uintptr_t>(s) >> kUnitShift);
+}
+
+// Units [first, first + count) of s belong to `page` (nullptr: the segment is going away).
+void unit_map_set(const Segment* s, unsigned first, unsigned count, const Page* page) {
+  const uintptr_t offset =
+      page == nullptr ? 0 : reinterpret_cast<uintptr_t>(page) - reinterpret_cast<uintptr_t>(&g_foreign_page);
+  uintptr_t* entries = unit_map_entries(s);
+  for (unsigned u = first; u < first + count; ++u) __atomic_store_n(&entries[u], offset, __ATOMIC_RELAXED);
+}
+
+// A new segment's entries, writable (see g_unit_map_read_only); false if the OS refused.
+bool unit_map_prepare(const Segment* s) {
+  unit_map_reserve();
+  if (!g_unit_map_read_only) return true;
+  const uintptr_t start = align_down(reinterpret_cast<uintptr_t>(unit_map_entries(s)), os::page_size());
+  const uintptr_t end = reinterpret_cast<uintptr_t>(unit_map_entries(s) + kUnitsPerSegment);
+  return os::protect_read_write(reinterpret_cast<void*>(start), align_up(end - start, os::page_size()));
+}
 
 constexpr uint64_t kUsableUnits = ~uint64_t{1};  // unit 0 holds the header
 
@@ -54,6 +108,10 @@ Segment* segment_map_new() {
   void* memory = os::map_aligned(kSegmentBytes, kSegmentBytes);
   if (memory == nullptr) return nullptr;
   auto* s = static_cast<Segment*>(memory);
+  if (!unit_map_prepare(s)) {
+    os::unmap(memory, kSegmentBytes);
+    return nullptr;
+  }
   s->magic = kSegmentMagic;
   s->free_units = kUsableUnits;
   s->dirty_units = 0;
@@ -63,6 +121,7 @@ Segment* segment_map_new() {
   for (auto& states : s->debug_states) states = nullptr;
   for (auto& bits : s->sparse_purged) bits = 0;
   for (auto& offset : s->page_offset) offset = page_offset_of(0);
+  unit_map_set(s, 0, kUnitsPerSegment, &s->pages[0]);
   chunk_map_set(s, kSegmentBytes, false);
   count_add(g_totals.segments_mapped, 1);
   count_add(g_totals.bytes_mapped, kSegmentBytes);
@@ -72,6 +131,7 @@ Segment* segment_map_new() {
 
 void segment_unmap(Segment* s) {
   chunk_map_clear(s, kSegmentBytes);
+  unit_map_set(s, 0, kUnitsPerSegment, nullptr);
   track_unmapped(s, kSegmentBytes);
   os::unmap(s, kSegmentBytes);
   count_sub(g_totals.segments_mapped, 1);
@@ -240,6 +300,7 @@ Page* carve_page(Segment* s, int first, unsigned units) {
   if (s->free_units == 0) list_remove(g_partial, s);
   for (unsigned u = 0; u < units; ++u) s->page_offset[first + int(u)] = page_offset_of(unsigned(first));
   Page* page = &s->pages[first];
+  unit_map_set(s, unsigned(first), units, page);
   page->unit_count = uint8_t(units);
   page->blocks = reinterpret_cast<uint8_t*>(s) + size_t(first) * kUnitBytes;
   return page;
@@ -327,6 +388,7 @@ void segment_return_page(Page* page) {
     TRAY_CHECK(s->magic == kSegmentMagic);    // a page descriptor that is not in a segment
     TRAY_CHECK((s->free_units & mask) == 0);  // a page returned twice would corrupt the pool
     for (unsigned u = 0; u < units; ++u) s->page_offset[first + u] = page_offset_of(0);
+    unit_map_set(s, first, units, &s->pages[0]);
     page->unit_count = 0;
     if (s->free_units == 0) list_push(g_partial, s);
     if (s->dirty_units == 0) s->dirty_since_ms = now;

@@ -28,7 +28,7 @@ inline constexpr uint8_t kChunkLargeFar = 255; // deeper inside a large block th
 // Every chunk marked as ours is ours to its last byte (large mappings span whole chunks), so an
 // entry changes only when we map or unmap that chunk. It is read when freeing a pointer into
 // the chunk, which the program could only have been handed after the mapping: a plain load is
-// enough, and keeps the free fast path one instruction shorter. Writes are relaxed atomics:
+// enough. Writes are relaxed atomics:
 // one thread may clear an entry just before munmap while another sets it after the next mmap
 // returned the same range, an ordering only the kernel provides. ThreadSanitizer cannot see
 // that ordering either, so its builds read atomically too.
@@ -48,6 +48,37 @@ TRAY_INLINE uint8_t chunk_kind(const void* p) {
   return chunk_map_load(index);
 }
 
+// The unit map: for every 64 KiB unit of the address space, the page descriptor of the page
+// that holds it, so that free finds a block's page with one load and no range test, for the
+// later units of multi-unit pages too. Entries are offsets from g_foreign_page, which has no
+// owner: the zero that untouched map memory reads names it, for every address traymalloc does
+// not keep in a segment (large blocks, guarded slots, other allocators' memory), and such a
+// free fails the owner test and takes the slow path, which asks the chunk map. Unit 0 and the
+// free units of a segment name its pages[0], also ownerless. The map spans the 47-bit user
+// address space (kAddressBits): 16 GiB of address space, of which only the OS pages holding
+// entries of mapped segments are ever touched (one per 32 MiB of segments). It is reserved by
+// the library's constructor, or by whatever allocates first, before any block exists; until
+// then g_unit_map points at one zero word, which serves free(nullptr): a free of another
+// allocator's block before both would read past it. A pointer above the
+// user address space indexes past the map and faults there, as glibc faults on such a free.
+// Entries change and are read like the chunk map's (see above).
+extern TRAY_HIDDEN uintptr_t* g_unit_map;
+extern TRAY_HIDDEN constinit Page g_foreign_page;
+
+TRAY_INLINE Page* unit_page_of(const void* p) {
+  const uintptr_t unit = reinterpret_cast<uintptr_t>(p) >> kUnitShift;
+#if defined(TRAY_TSAN)
+  const uintptr_t offset =
+      __atomic_load_n(&__atomic_load_n(&g_unit_map, __ATOMIC_RELAXED)[unit], __ATOMIC_RELAXED);
+#else
+  const uintptr_t offset = g_unit_map[unit];
+#endif
+  return reinterpret_cast<Page*>(reinterpret_cast<uintptr_t>(&g_foreign_page) + offset);
+}
+
+// Reserves the unit map if no one has; stops the program if the OS refuses.
+void unit_map_reserve();
+
 void chunk_map_set(const void* base, size_t bytes, bool large);
 // Marks the guarded slots' region, for good (it is never unmapped).
 void chunk_map_set_guard(const void* base, size_t bytes);
@@ -55,19 +86,6 @@ void chunk_map_clear(const void* base, size_t bytes);
 
 TRAY_INLINE Segment* segment_of(const void* p) {
   return reinterpret_cast<Segment*>(align_down(reinterpret_cast<uintptr_t>(p), kSegmentBytes));
-}
-
-// The descriptor of the unit p lies in. That is p's page when p lies in the page's first unit
-// (always, for pages of one unit: every class up to 8 KiB); otherwise it is an unused
-// descriptor with no owner, and page_of gives the page. No table load: the free fast path.
-// Byte arithmetic (one shift and one mask give unit * sizeof(Page)), which the compiler does
-// not find from the index form.
-TRAY_INLINE Page* unit_descriptor_of(Segment* segment, const void* p) {
-  constexpr unsigned kPageShift = 6;
-  static_assert(sizeof(Page) == size_t{1} << kPageShift);
-  const uintptr_t offset = (reinterpret_cast<uintptr_t>(p) >> (kUnitShift - kPageShift)) &
-                           ((kUnitsPerSegment - 1) << kPageShift);
-  return reinterpret_cast<Page*>(reinterpret_cast<char*>(segment) + offsetof(Segment, pages) + offset);
 }
 
 // The page p lies in (pages[0], ownerless, for a free unit).

@@ -70,7 +70,7 @@ struct alignas(kCacheLineBytes) Page {
   Page* next = nullptr;         // owner: the heap's queue for this class
   Page* prev = nullptr;
 };
-// 64 bytes: the free fast path finds a descriptor with a shift and a mask.
+// Exactly a cache line: no padding for the header to pay for.
 static_assert(sizeof(Page) == 64 && kCacheLineBytes == 64);
 
 inline constexpr uint32_t kSegmentMagic = 0x54524159;  // "TRAY"
@@ -84,9 +84,8 @@ struct Segment {
   Segment* next;             // pool list (segments with free units, or the cache)
   Segment* prev;
   // Unit u belongs to the page whose descriptor lies page_offset[u] bytes into the segment
-  // (the free fast path uses pages[u] directly, which is that page for its first unit; this
-  // table serves the other units). Free units point at pages[0], the header unit's
-  // descriptor, which stays empty and ownerless.
+  // (for the slow paths; the free fast path reads the unit map, segment.hpp). Free units point
+  // at pages[0], the header unit's descriptor, which stays empty and ownerless.
   uint16_t page_offset[kUnitsPerSegment];
   Page pages[kUnitsPerSegment];
   // Debug mode only, indexed like pages: one word per block of the page, written with atomics

@@ -120,6 +120,8 @@ void* map_aligned_with(size_t bytes, size_t alignment, int prot) {
 
 void* map(size_t bytes) { return map_with(bytes, PROT_READ | PROT_WRITE); }
 
+void* map_read_only(size_t bytes) { return map_with(bytes, PROT_READ); }
+
 void* map_aligned(size_t bytes, size_t alignment) {
   return map_aligned_with(bytes, alignment, PROT_READ | PROT_WRITE);
 }
