@@ -20,10 +20,11 @@ namespace {
 //
 // Runs are still a chain: the owner learns where a run starts only from the run before it, and
 // with random frees most runs are one block, so the drain waited out one miss per block, each
-// on a line the sender's core held (a fifth of rptest's time went there). So a run's first
-// block also names, in blocks of 48 bytes and up, the run kRemotePrefetchRuns further down the
-// chain, which the sender knows from a ring of its newest runs; the owner prefetches it, and
-// keeps that many misses under way instead of one.
+// on a line the sender's core held (a fifth of rptest's time went there). So the block that
+// starts a run also names, in blocks of 48 bytes and up, a run started kRemotePrefetchRuns or
+// more blocks earlier in its bucket, which lies that far down the chain; the owner prefetches
+// it, and keeps up to that many misses under way instead of one. The sender finds it in a ring
+// indexed by its block count, so naming costs it a load and two stores per run.
 static_assert((kRemotePrefetchRuns & (kRemotePrefetchRuns - 1)) == 0, "a ring indexed by a mask");
 
 struct RunHeader {
@@ -31,7 +32,7 @@ struct RunHeader {
   uint64_t free_key;
   Block* last;
   uint64_t count;
-  Block* ahead;  // a run further down the chain, or nullptr (blocks of 48 bytes and up)
+  Block* ahead;  // a run further down the chain, or nullptr (only in the run's first block)
 };
 
 // How much of a RunHeader the blocks of a page hold: none of it, all but `ahead`, or all of it.
@@ -45,9 +46,9 @@ TRAY_INLINE RunHeader* header_of(Block* block) { return reinterpret_cast<RunHead
 // Makes block a run of one, if it has room for the header.
 TRAY_INLINE void start_run(Room room, Block* block, Block* ahead) {
   if (room == Room::kNone) return;
+  if (room == Room::kAhead) header_of(block)->ahead = ahead;
   header_of(block)->last = block;
   header_of(block)->count = 1;
-  if (room == Room::kAhead) header_of(block)->ahead = ahead;
 }
 
 // Pushes the list first..last onto the owner's stack of remote frees.
@@ -59,7 +60,7 @@ void push_remote(Heap* owner, Block* first, Block* last) {
                                                      std::memory_order_relaxed));
 }
 
-void flush_bucket(RemoteBucket& bucket) {
+TRAY_NOINLINE void flush_bucket(RemoteBucket& bucket) {
   if (bucket.count == 0) return;
   push_remote(bucket.target, bucket.head, bucket.tail);
   bucket = RemoteBucket{};
@@ -88,37 +89,39 @@ void page_free_run(Heap* heap, Page* page, Block* first, Block* last, uint64_t c
 }  // namespace
 
 void remote_send(Heap* self, Page* page, Block* block) noexcept {
-  const Room room = room_of(page);
+  Heap* owner = page->heap;
   if (self == &g_empty_heap) {  // a thread that never allocated has nowhere to gather
-    start_run(room, block, nullptr);
-    push_remote(page->heap, block, block);
+    start_run(room_of(page), block, nullptr);
+    push_remote(owner, block, block);
     return;
   }
-  RemoteBucket& bucket = bucket_for(self, page->heap);
-  if (bucket.target != page->heap) {
+  RemoteBucket& bucket = bucket_for(self, owner);
+  if (bucket.target != owner) {
     flush_bucket(bucket);
-    bucket.target = page->heap;
+    bucket.target = owner;
     bucket.tail = block;
   }
-  block->next = bucket.head;
-  constexpr uint32_t kRingMask = kRemotePrefetchRuns - 1;
+  // In locals: the stores into the block below could alias the bucket, as far as the compiler
+  // knows, and it would load them again.
+  Block* head = bucket.head;
+  const uint32_t count = bucket.count;
+  block->next = head;
   if (bucket.run_page == page) {  // joins the newest run, and heads it from now on
-    const RunHeader& run = *header_of(bucket.head);
-    RunHeader& header = *header_of(block);
-    header.last = run.last;
-    header.count = run.count + 1;
-    if (room == Room::kAhead) header.ahead = run.ahead;
-    bucket.recent[(bucket.recent_slot - 1) & kRingMask] = block;
+    const RunHeader& run = *header_of(head);
+    header_of(block)->last = run.last;
+    header_of(block)->count = run.count + 1;
   } else {
-    // The slot holds the run kRemotePrefetchRuns back, which the new one names and replaces.
-    Block*& back = bucket.recent[bucket.recent_slot];
+    // A run started kRemotePrefetchRuns or more blocks back (or nullptr), named by the new run
+    // and replaced by it.
+    Block*& back = bucket.recent[count & (kRemotePrefetchRuns - 1)];
+    const Room room = room_of(page);
     start_run(room, block, back);
     back = block;
     bucket.run_page = room != Room::kNone ? page : nullptr;
-    bucket.recent_slot = (bucket.recent_slot + 1) & kRingMask;
   }
   bucket.head = block;
-  if (++bucket.count == kRemoteBatchBlocks) flush_bucket(bucket);
+  bucket.count = count + 1;
+  if (count + 1 == kRemoteBatchBlocks) flush_bucket(bucket);
 }
 
 void remote_flush(Heap* self) noexcept {
@@ -137,8 +140,11 @@ void remote_drain(Heap* heap) noexcept {
       continue;
     }
     const RunHeader& header = *header_of(run);
-    if (room == Room::kAhead && header.ahead != nullptr) __builtin_prefetch(header.ahead);
     Block* last = header.last;
+    // The block that started the run holds `ahead`; blocks that joined later did not copy it.
+    if (room == Room::kAhead) {
+      if (Block* ahead = header_of(last)->ahead; ahead != nullptr) __builtin_prefetch(ahead);
+    }
     Block* next = last->next;
     // The next run's header lies in a line the sender wrote: start that miss now.
     __builtin_prefetch(next);

@@ -119,8 +119,7 @@ struct alignas(kCacheLineBytes) RemoteBucket {
   Block* tail = nullptr;     // the last block of the oldest run
   Page* run_page = nullptr;  // the page of the newest run, while more of its blocks may join
   uint32_t count = 0;
-  uint32_t recent_slot = 0;  // where in `recent` the next run goes (it holds the oldest one)
-  // The first blocks of the newest kRemotePrefetchRuns runs, a ring (nullptr: fewer so far).
+  // Runs by the bucket's count at their start, modulo kRemotePrefetchRuns (nullptr: none yet).
   Block* recent[kRemotePrefetchRuns] = {};
 };
 
