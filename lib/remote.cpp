@@ -35,6 +35,15 @@ struct RunHeader {
   Block* ahead;  // a run further down the chain, or nullptr (only in the run's first block)
 };
 
+// Nothing names the newest runs of a batch (each `ahead` names an older run), and they are the
+// first the owner meets, so it met each with a miss of its own: a batch's newest run lists them
+// when its block has room, flagged in its count.
+struct BatchHeader {
+  RunHeader run;
+  Block* newest[kRemotePrefetchRuns];  // the sender's ring as it was sent (nullptr: none)
+};
+inline constexpr uint64_t kRunListsNewest = uint64_t{1} << 32;
+
 // How much of a RunHeader the blocks of a page hold: none of it, all but `ahead`, or all of it.
 enum class Room { kNone, kRun, kAhead };
 TRAY_INLINE Room room_of(const Page* page) {
@@ -62,6 +71,12 @@ void push_remote(Heap* owner, Block* first, Block* last) {
 
 TRAY_NOINLINE void flush_bucket(RemoteBucket& bucket) {
   if (bucket.count == 0) return;
+  // run_page is set while the bucket's newest block heads a run.
+  if (bucket.run_page != nullptr && bucket.run_page->block_bytes >= sizeof(BatchHeader)) {
+    auto* batch = reinterpret_cast<BatchHeader*>(bucket.head);
+    for (unsigned i = 0; i < kRemotePrefetchRuns; ++i) batch->newest[i] = bucket.recent[i];
+    batch->run.count |= kRunListsNewest;
+  }
   push_remote(bucket.target, bucket.head, bucket.tail);
   bucket = RemoteBucket{};
 }
@@ -141,14 +156,20 @@ void remote_drain(Heap* heap) noexcept {
     }
     const RunHeader& header = *header_of(run);
     Block* last = header.last;
-    // The block that started the run holds `ahead`; blocks that joined later did not copy it.
+    uint64_t count = header.count;
     if (room == Room::kAhead) {
+      if (count & kRunListsNewest) {
+        count -= kRunListsNewest;
+        for (Block* newest : reinterpret_cast<const BatchHeader*>(run)->newest)
+          if (newest != nullptr) __builtin_prefetch(newest);
+      }
+      // The block that started the run holds `ahead`; blocks that joined later did not copy it.
       if (Block* ahead = header_of(last)->ahead; ahead != nullptr) __builtin_prefetch(ahead);
     }
     Block* next = last->next;
     // The next run's header lies in a line the sender wrote: start that miss now.
     __builtin_prefetch(next);
-    page_free_run(heap, page, run, last, header.count);
+    page_free_run(heap, page, run, last, count);
     run = next;
   }
 }

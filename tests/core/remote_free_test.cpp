@@ -171,14 +171,15 @@ TEST(RemoteFree, RunsOfOnePageWithSingleBlocksBetween) {
   for (const Block& block : again) EXPECT_TRUE(tray_test::free_checked(block));
 }
 
-// A run's first block carries its header in the words after its link and free key, and, from
-// 48 bytes up, the name of a run further down the chain (remote.cpp). A sender frees every
-// other block of 32- and 48-byte pages in random order, so that nearly every block starts a run
-// of its own: a header written past the end of a block breaks the fill of the live block next
-// to it, and a run cut wrong strands a page or hands a block out twice.
+// A run's first block carries its header in the words after its link and free key, from 48
+// bytes up the name of a run further down the chain, and from 112 bytes up, in a batch's newest
+// run, the batch's newest runs (remote.cpp). A sender frees every other block of pages on
+// either side of those sizes in random order, so that nearly every block starts a run of its
+// own: a header written past the end of a block breaks the fill of the live block next to it,
+// and a run cut wrong strands a page or hands a block out twice.
 TEST(RemoteFree, RunHeadersStayInsideTheirBlocks) {
   tray_trim();
-  for (const size_t bytes : {size_t{32}, size_t{48}}) {
+  for (const size_t bytes : {size_t{32}, size_t{48}, size_t{96}, size_t{112}}) {
     SCOPED_TRACE(bytes);
     const unsigned long long pages_before = class_pages(bytes);
     const size_t count = tray::class_slab_bytes(tray::size_class_of(bytes)) / bytes * 3;
