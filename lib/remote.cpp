@@ -140,7 +140,8 @@ void remote_send(Heap* self, Page* page, Block* block) noexcept {
 }
 
 void remote_flush(Heap* self) noexcept {
-  for (RemoteBucket& bucket : self->outgoing) flush_bucket(bucket);
+  for (RemoteBucket& bucket : self->outgoing)
+    if (bucket.count != 0) flush_bucket(bucket);  // out of line: skip the call for an empty one
 }
 
 void remote_drain(Heap* heap) noexcept {
