@@ -111,12 +111,15 @@ struct PageQueue {
 // when a block for another owner needs the bucket, or before the sender takes a new page.
 // The list is a chain of runs, each of blocks of one page, that the owner puts back on their
 // page whole (remote.cpp).
-struct RemoteBucket {
+// Two cache lines, so that a bucket's address is a shift of its index.
+struct alignas(kCacheLineBytes) RemoteBucket {
   Heap* target = nullptr;
   Block* head = nullptr;     // the newest run's first block
   Block* tail = nullptr;     // the last block of the oldest run
   Page* run_page = nullptr;  // the page of the newest run, while more of its blocks may join
   uint32_t count = 0;
+  // Runs by the bucket's count at their start, modulo kRemotePrefetchRuns (nullptr: none yet).
+  Block* recent[kRemotePrefetchRuns] = {};
 };
 
 struct Heap {

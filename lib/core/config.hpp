@@ -65,6 +65,10 @@ inline constexpr size_t kSegmentCacheCount = 4;
 inline constexpr unsigned kRemoteBucketShift = 3;
 inline constexpr unsigned kRemoteBuckets = 1u << kRemoteBucketShift;
 inline constexpr uint32_t kRemoteBatchBlocks = 64;
+// The first block of each run in a batch names a run started this many blocks or more before
+// it (so at least this many runs further down the list), for the owner to prefetch while it
+// puts back the runs in between; a power of two (remote.cpp).
+inline constexpr unsigned kRemotePrefetchRuns = 8;
 
 // Empty pages a heap keeps in its queues, so that a working set that swings by a page or two
 // does not hand pages to the pool and take them back on every swing.

@@ -171,6 +171,47 @@ TEST(RemoteFree, RunsOfOnePageWithSingleBlocksBetween) {
   for (const Block& block : again) EXPECT_TRUE(tray_test::free_checked(block));
 }
 
+// A run's first block carries its header in the words after its link and free key, from 48
+// bytes up the name of a run further down the chain, and from 112 bytes up, in a batch's newest
+// run, the batch's newest runs (remote.cpp). A sender frees every other block of pages on
+// either side of those sizes in random order, so that nearly every block starts a run of its
+// own: a header written past the end of a block breaks the fill of the live block next to it,
+// and a run cut wrong strands a page or hands a block out twice.
+TEST(RemoteFree, RunHeadersStayInsideTheirBlocks) {
+  tray_trim();
+  for (const size_t bytes : {size_t{32}, size_t{48}, size_t{96}, size_t{112}}) {
+    SCOPED_TRACE(bytes);
+    const unsigned long long pages_before = class_pages(bytes);
+    const size_t count = tray::class_slab_bytes(tray::size_class_of(bytes)) / bytes * 3;
+    std::vector<Block> blocks, freed, kept;
+    for (size_t i = 0; i < count; ++i) blocks.push_back(tray_test::allocate_filled(bytes));
+    for (size_t i = 0; i < count; ++i) (i % 2 == 0 ? freed : kept).push_back(blocks[i]);
+    tray_test::Rng rng(bytes);
+    for (size_t i = freed.size() - 1; i > 0; --i) std::swap(freed[i], freed[rng.next() % (i + 1)]);
+    std::atomic<size_t> corrupt{0};
+    std::thread([&] {
+      tray_free(tray_malloc(bytes));  // a heap of its own: runs in buckets
+      for (const Block& block : freed)
+        if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+    }).join();
+    EXPECT_EQ(corrupt.load(), 0u);
+    for (const Block& block : kept)
+      EXPECT_TRUE(tray_test::pattern_intact(block.ptr, block.size)) << "a header overran its block";
+    std::vector<Block> again;
+    for (size_t i = 0; i < freed.size(); ++i) again.push_back(tray_test::allocate_filled(bytes));
+    std::vector<void*> addresses;
+    for (const Block& block : again) addresses.push_back(block.ptr);
+    for (const Block& block : kept) addresses.push_back(block.ptr);
+    std::sort(addresses.begin(), addresses.end());
+    EXPECT_EQ(std::adjacent_find(addresses.begin(), addresses.end()), addresses.end())
+        << "a block delivered twice was handed out twice";
+    for (const Block& block : again) EXPECT_TRUE(tray_test::free_checked(block));
+    for (const Block& block : kept) EXPECT_TRUE(tray_test::free_checked(block));
+    tray_trim();
+    EXPECT_EQ(class_pages(bytes), pages_before) << "a run lost blocks on its way home";
+  }
+}
+
 // A consumer: a thread that never allocates, and only frees blocks other threads made. It gets
 // a heap at its first such free, so that its frees travel in batches; when it exits, what its
 // buckets still hold must reach the owner.
