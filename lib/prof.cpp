@@ -81,9 +81,11 @@ bool ready() {
 // 1 - e^-x for x >= 0, without libm (see sample.cpp's log_unit for why): a series while x is
 // small, where 1 - e^-x would cancel; otherwise e^-x = 2^-k * e^-r with r below ln 2.
 double one_minus_exp_neg(double x) {
+  // The series stop once a term no longer changes the sum: for the usual block, a small share
+  // of the sampling interval, that is after a few terms, not twenty divisions.
   if (x < 0.5) {
     double term = x, sum = x;
-    for (int n = 2; n < 20; ++n) {
+    for (int n = 2; n < 20 && sum + term != sum; ++n) {
       term *= -x / n;
       sum += term;
     }
@@ -94,7 +96,7 @@ double one_minus_exp_neg(double x) {
   const int k = int(x / kLn2);
   const double r = x - k * kLn2;
   double term = 1, exp_neg_r = 1;
-  for (int n = 1; n < 20; ++n) {
+  for (int n = 1; n < 20 && exp_neg_r + term != exp_neg_r; ++n) {
     term *= -r / n;
     exp_neg_r += term;
   }
