@@ -365,8 +365,7 @@ void heap_free_remote(Block* block) noexcept {
   // the owner's stack per free and a one-block run for the owner to take in.
   if (TRAY_UNLIKELY(tls_heap == &g_empty_heap) && tls_own_heap == nullptr) heap_attach_thread();
   heap_count_free(tls_heap, page);
-  // Before the block can reach the profile's heap, and be handed out again.
-  if (TRAY_UNLIKELY(page->heap == g_prof_heap.load(std::memory_order_relaxed))) prof_forget(block);
+  if (TRAY_UNLIKELY(page->heap == g_prof_heap.load(std::memory_order_relaxed))) return prof_free(block);
   heap_free_block(tls_heap, page, block);
 }
 

@@ -28,14 +28,22 @@ struct LiveEntry {
 };
 
 constexpr size_t kStackIndexSlots = kProfStackSlots * 2;  // at most half full
-constexpr size_t kLiveLimit = kProfLiveSlots / 4 * 3;
-static_assert(std::has_single_bit(kProfLiveSlots) && std::has_single_bit(kStackIndexSlots));
+static_assert(std::has_single_bit(kProfLiveSlots) && std::has_single_bit(kProfLiveFirstSlots) &&
+              kProfLiveFirstSlots <= kProfLiveSlots && std::has_single_bit(kStackIndexSlots));
+
+// Small sampled blocks freed since the last take-in, linked through their first word. A free
+// only pushes here, so freeing a sampled block takes no lock; the block reaches g_prof_heap
+// again only after take_in_freed has removed it from the table under g_lock, so no address is
+// handed out, sampled and recorded while the table still holds it.
+std::atomic<Block*> g_freed{nullptr};
 
 os::Mutex g_lock;                   // everything below, and allocation from g_prof_heap
 ProfStack* g_stacks = nullptr;      // kProfStackSlots, filled in order
 uint32_t* g_stack_index = nullptr;  // stack number + 1 by hash; 0: empty
 LiveEntry* g_live = nullptr;
+size_t g_live_slots = 0;            // a power of two, up to kProfLiveSlots
 size_t g_live_used = 0;
+Block* g_forgotten = nullptr;       // taken in from g_freed, not yet back in g_prof_heap
 uint64_t g_live_estimate = 0;       // estimated bytes of every live sample
 std::atomic<size_t> g_stack_count{0};
 std::atomic<uint64_t> g_dropped{0};
@@ -59,22 +67,25 @@ bool ready() {
   Heap* heap = heap_create_unowned();
   auto* stacks = static_cast<ProfStack*>(map_table(kProfStackSlots * sizeof(ProfStack)));
   auto* index = static_cast<uint32_t*>(map_table(kStackIndexSlots * sizeof(uint32_t)));
-  auto* live = static_cast<LiveEntry*>(map_table(kProfLiveSlots * sizeof(LiveEntry)));
+  auto* live = static_cast<LiveEntry*>(map_table(kProfLiveFirstSlots * sizeof(LiveEntry)));
   if (heap == nullptr || stacks == nullptr || index == nullptr || live == nullptr) return false;
   os::register_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
   g_prof_heap.store(heap, std::memory_order_relaxed);
   g_stacks = stacks;
   g_stack_index = index;
   g_live = live;
+  g_live_slots = kProfLiveFirstSlots;
   return true;
 }
 
 // 1 - e^-x for x >= 0, without libm (see sample.cpp's log_unit for why): a series while x is
 // small, where 1 - e^-x would cancel; otherwise e^-x = 2^-k * e^-r with r below ln 2.
 double one_minus_exp_neg(double x) {
+  // The series stop once a term no longer changes the sum: for the usual block, a small share
+  // of the sampling interval, that is after a few terms, not twenty divisions.
   if (x < 0.5) {
     double term = x, sum = x;
-    for (int n = 2; n < 20; ++n) {
+    for (int n = 2; n < 20 && sum + term != sum; ++n) {
       term *= -x / n;
       sum += term;
     }
@@ -85,7 +96,7 @@ double one_minus_exp_neg(double x) {
   const int k = int(x / kLn2);
   const double r = x - k * kLn2;
   double term = 1, exp_neg_r = 1;
-  for (int n = 1; n < 20; ++n) {
+  for (int n = 1; n < 20 && exp_neg_r + term != exp_neg_r; ++n) {
     term *= -r / n;
     exp_neg_r += term;
   }
@@ -142,7 +153,33 @@ uint32_t find_or_add_stack(void* const* frames, int depth) {
 
 size_t live_home(const void* block) {
   const uint64_t key = (reinterpret_cast<uintptr_t>(block) >> 4) * 0x9E3779B97F4A7C15ULL;
-  return size_t(key >> (64 - std::countr_zero(kProfLiveSlots)));
+  return size_t(key >> (64 - std::countr_zero(g_live_slots)));
+}
+
+size_t live_next(size_t slot) { return (slot + 1) & (g_live_slots - 1); }
+
+void live_insert(const LiveEntry& entry) {
+  size_t slot = live_home(entry.block);
+  while (g_live[slot].block != nullptr) slot = live_next(slot);
+  g_live[slot] = entry;
+}
+
+// Room for one more live sample: the table doubles when three quarters full, up to
+// kProfLiveSlots. False when it is full at that size (or no memory is left).
+bool live_room() {
+  if (g_live_used < g_live_slots / 4 * 3) return true;
+  if (g_live_slots == kProfLiveSlots) return false;
+  auto* bigger = static_cast<LiveEntry*>(map_table(g_live_slots * 2 * sizeof(LiveEntry)));
+  if (bigger == nullptr) return false;
+  LiveEntry* old = g_live;
+  const size_t old_slots = g_live_slots;
+  g_live = bigger;
+  g_live_slots = old_slots * 2;
+  for (size_t i = 0; i < old_slots; ++i)
+    if (old[i].block != nullptr) live_insert(old[i]);
+  os::unmap(old, old_slots * sizeof(LiveEntry));
+  count_sub(g_totals.bytes_metadata, old_slots * sizeof(LiveEntry));
+  return true;
 }
 
 void add(std::atomic<uint64_t>& counter, uint64_t n) {
@@ -166,9 +203,7 @@ void copy_peak() {
 void remember(void* block, uint64_t size, uint32_t stack_number, uint64_t rate) {
   const uint64_t weight = weight_of(size, rate);
   const uint64_t estimate = estimate_of(size, weight);
-  size_t slot = live_home(block);
-  while (g_live[slot].block != nullptr) slot = (slot + 1) & (kProfLiveSlots - 1);
-  g_live[slot] = LiveEntry{block, size, weight, stack_number};
+  live_insert(LiveEntry{block, size, weight, stack_number});
   ++g_live_used;
   ProfStack& stack = g_stacks[stack_number];
   add(stack.live_count, 1);
@@ -185,8 +220,7 @@ void remember(void* block, uint64_t size, uint32_t stack_number, uint64_t rate) 
 
 // Linear probing with backward-shift deletion: no tombstones to slow later lookups.
 void erase_slot(size_t hole) {
-  for (size_t next = (hole + 1) & (kProfLiveSlots - 1); g_live[next].block != nullptr;
-       next = (next + 1) & (kProfLiveSlots - 1)) {
+  for (size_t next = live_next(hole); g_live[next].block != nullptr; next = live_next(next)) {
     const size_t home = live_home(g_live[next].block);
     // Move the entry back unless its home lies cyclically in (hole, next].
     const bool stays = hole <= next ? (home > hole && home <= next) : (home > hole || home <= next);
@@ -197,6 +231,50 @@ void erase_slot(size_t hole) {
   }
   g_live[hole].block = nullptr;
   --g_live_used;
+}
+
+// Removes the block's sample from the table (under g_lock); a block not in it is ignored.
+void forget(const void* block) {
+  for (size_t slot = live_home(block); g_live[slot].block != nullptr; slot = live_next(slot)) {
+    if (g_live[slot].block != block) continue;
+    const LiveEntry entry = g_live[slot];
+    const uint64_t estimate = estimate_of(entry.size, entry.weight);
+    ProfStack& stack = g_stacks[entry.stack];
+    sub(stack.live_count, 1);
+    sub(stack.live_bytes, entry.size);
+    sub(stack.live_weight, entry.weight);
+    sub(stack.live_estimate, estimate);
+    g_live_estimate -= estimate;
+    erase_slot(slot);
+    return;
+  }
+}
+
+// The blocks freed since the last take-in leave the table (under g_lock). They wait in
+// g_forgotten for return_forgotten: a dump may run this in a signal handler, where the
+// heap's page events (which can reach the segment pool's lock) must not run.
+void take_in_freed() {
+  for (Block* block = g_freed.exchange(nullptr, std::memory_order_acquire); block != nullptr;) {
+    Block* next = block->next;
+    forget(block);
+    block->next = g_forgotten;
+    g_forgotten = block;
+    block = next;
+  }
+}
+
+// The forgotten blocks go back to g_prof_heap, whose every use is under g_lock (held here):
+// a local free of its owner, with no atomics.
+void return_forgotten() {
+  Heap* heap = g_prof_heap.load(std::memory_order_relaxed);
+  while (g_forgotten != nullptr) {
+    Block* block = g_forgotten;
+    g_forgotten = block->next;
+    Segment* segment = segment_of(block);
+    Page* page = unit_descriptor_of(segment, block);
+    if (page->heap == nullptr) page = page_of(segment, block);
+    page_free_local(heap, page, block);
+  }
 }
 
 // A block for the sample: small ones from g_prof_heap, in the smallest class that gives the
@@ -232,8 +310,10 @@ void* record_sample(size_t size, Place place_block) {
   // allocates, and that allocation could be sampled: it would wait for g_lock forever.
   PurgerHold hold;
   if (!ready()) return nullptr;
+  take_in_freed();
+  return_forgotten();
   const uint32_t stack = find_or_add_stack(frames, depth);
-  if (stack == kNoStack || g_live_used >= kLiveLimit) {
+  if (stack == kNoStack || !live_room()) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
@@ -266,20 +346,20 @@ void prof_large_resized(const void* old_block, LargeHeader* header, bool sampled
 
 void prof_forget(const void* block) {
   os::LockGuard guard(g_lock);
-  for (size_t slot = live_home(block); g_live[slot].block != nullptr;
-       slot = (slot + 1) & (kProfLiveSlots - 1)) {
-    if (g_live[slot].block != block) continue;
-    const LiveEntry entry = g_live[slot];
-    const uint64_t estimate = estimate_of(entry.size, entry.weight);
-    ProfStack& stack = g_stacks[entry.stack];
-    sub(stack.live_count, 1);
-    sub(stack.live_bytes, entry.size);
-    sub(stack.live_weight, entry.weight);
-    sub(stack.live_estimate, estimate);
-    g_live_estimate -= estimate;
-    erase_slot(slot);
-    return;
-  }
+  forget(block);
+}
+
+void prof_free(Block* block) {
+  Block* head = g_freed.load(std::memory_order_relaxed);
+  do block->next = head;
+  while (!g_freed.compare_exchange_weak(head, block, std::memory_order_release, std::memory_order_relaxed));
+}
+
+void prof_take_in_freed(bool wait) {
+  if (wait) g_lock.lock();
+  else if (!g_lock.try_lock()) return;
+  if (g_live != nullptr) take_in_freed();
+  g_lock.unlock();
 }
 
 void prof_forget_large(LargeHeader* header) {

@@ -7,7 +7,8 @@
 // no thread owns, so its free always misses the free fast path (page->heap == tls_heap) and
 // reaches heap_free_remote, which compares page->heap with g_prof_heap; a sampled large block
 // carries LargeHeader::prof_sampled, which free_slow tests. Everything here runs on slow paths,
-// under one lock; dumps read the counts without it.
+// under one lock, but for the free of a small sampled block (a lock-free push); dumps read the
+// counts without it.
 #pragma once
 
 #include <atomic>
@@ -26,8 +27,14 @@ extern std::atomic<Heap*> g_prof_heap;
 // or nullptr (the caller then allocates as usual) when the stack cannot be taken yet (before
 // the library's constructor prepared the unwinder) or the tables are full.
 void* prof_alloc(size_t size, size_t alignment, bool zero);
-// The free of a block of g_prof_heap's pages (any block there: one not recorded is ignored).
+// The free of a block of g_prof_heap's pages, which then belongs to the profile: it leaves
+// the table, and goes back to g_prof_heap, at the next sample or dump (without a lock here).
+void prof_free(Block* block);
+// The block (if recorded) leaves the table at once.
 void prof_forget(const void* block);
+// Dumps: the freed blocks leave the table, if the lock can be had without waiting (a signal
+// handler's dump may have interrupted its holder) or `wait`.
+void prof_take_in_freed(bool wait);
 // The free of a large block with prof_sampled set.
 void prof_forget_large(LargeHeader* header);
 // realloc resized a large block where it lies or moved its pages (large_resize; `header` is

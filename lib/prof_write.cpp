@@ -116,7 +116,10 @@ int dump(const char* path, bool peak) {
   return 0;
 }
 
-void dump_on_signal(int) { dump(nullptr, false); }
+void dump_on_signal(int) {
+  prof_take_in_freed(false);
+  dump(nullptr, false);
+}
 
 // --- the leak report ---------------------------------------------------------------------
 
@@ -179,6 +182,7 @@ __attribute__((constructor)) void prof_at_start() {
 
 __attribute__((destructor)) void prof_at_exit() {
   if (option(Option::kProf) == 0) return;
+  prof_take_in_freed(true);
   if (option(Option::kProfFinal) != 0) dump(nullptr, false);
   if (option(Option::kProfPeak) != 0) dump(nullptr, true);
   if (option(Option::kProfLeaks) != 0) report_leaks();
@@ -195,7 +199,10 @@ void prof_options_changed() {
 
 extern "C" {
 
-TRAY_EXPORT int tray_prof_dump(const char* path) { return tray::dump(path, false); }
+TRAY_EXPORT int tray_prof_dump(const char* path) {
+  tray::prof_take_in_freed(true);
+  return tray::dump(path, false);
+}
 TRAY_EXPORT int tray_prof_dump_peak(const char* path) { return tray::dump(path, true); }
 
 }  // extern "C"

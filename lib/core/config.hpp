@@ -138,9 +138,13 @@ inline constexpr int kProfMaxFrames = 24;
 // ...in a table of distinct stacks that never shrinks (a sample whose stack finds no room is
 // dropped and counted)...
 inline constexpr size_t kProfStackSlots = 16384;
-// ...and is remembered until its free in a table of this many slots (a power of two), kept at
-// most three quarters full: 49152 live samples, some 24 GiB of live heap at the default rate.
+// ...and is remembered until its free in a table of at most this many slots (a power of two),
+// kept at most three quarters full: 49152 live samples, some 24 GiB of live heap at the default
+// rate. The table starts at the smaller size and doubles as it fills: its slots are picked by
+// hash, so a table mapped at its full 2 MiB is faulted in page by page by the first few hundred
+// samples (about 300 of larson's 1,400 page faults).
 inline constexpr size_t kProfLiveSlots = 65536;
+inline constexpr size_t kProfLiveFirstSlots = 1024;
 // prof_peak=1 copies the live counts of every stack when the estimated live bytes pass the
 // last copy's by this share: the peak profile is within that share of the true peak, and a
 // heap growing from nothing to N bytes costs O(log N) copies.

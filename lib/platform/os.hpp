@@ -135,6 +135,7 @@ class Mutex {
   void lock() {
     while (locked_.exchange(true, std::memory_order_acquire)) yield_thread();
   }
+  bool try_lock() { return !locked_.exchange(true, std::memory_order_acquire); }
   void unlock() { locked_.store(false, std::memory_order_release); }
 
  private:
@@ -147,6 +148,7 @@ class Mutex {
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
   void lock() { pthread_mutex_lock(&mutex_); }
+  bool try_lock() { return pthread_mutex_trylock(&mutex_) == 0; }
   void unlock() { pthread_mutex_unlock(&mutex_); }
 
  private:

@@ -1,12 +1,13 @@
 // The heap profile through the prefixed API: what the profile holds after known allocations
 // and frees (every allocation sampled with prof_sample=1), blocks freed by other threads,
 // large, aligned, zeroed and reallocated sampled blocks, the unbiased estimate at a real rate,
-// the peak profile, and dump errors.
+// the reuse of freed sampled blocks, the peak profile, and dump errors.
 #include <errno.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -256,6 +257,29 @@ TEST_F(ProfTest, ThreadsSampleAndFreeEachOthersBlocks) {
   for (std::thread& thread : threads) thread.join();
   std::remove(concurrent.c_str());
   EXPECT_EQ(dump().total.count, before.total.count);
+}
+
+// A freed sampled block leaves the table at the next sample and only then goes back to be
+// handed out again: rounds of allocating and freeing the same sizes reuse the blocks (none
+// is kept for good), and the reused addresses are never recorded twice.
+TEST_F(ProfTest, FreedSampledBlocksAreForgottenAndReused) {
+  const Profile before = dump();
+  constexpr int kRounds = 4, kBlocks = 300;
+  std::vector<void*> first;
+  size_t reused = 0;
+  on_fresh_thread([&] {
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<void*> blocks;
+      for (int i = 0; i < kBlocks; ++i) blocks.push_back(tray_malloc(48));
+      if (round == 0) first = blocks;
+      for (void* p : blocks) reused += std::find(first.begin(), first.end(), p) != first.end();
+      for (void* p : blocks) tray_free(p);
+    }
+  });
+  EXPECT_GE(reused - kBlocks, size_t{kBlocks} * (kRounds - 1) / 2) << "freed samples come back";
+  const Profile after = dump();
+  EXPECT_EQ(after.total.count, before.total.count);
+  EXPECT_EQ(after.total.total_count - before.total.total_count, uint64_t{kRounds} * kBlocks);
 }
 
 TEST_F(ProfTest, DumpReportsTheFailedOpen) {
