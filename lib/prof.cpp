@@ -270,10 +270,7 @@ void return_forgotten() {
   while (g_forgotten != nullptr) {
     Block* block = g_forgotten;
     g_forgotten = block->next;
-    Segment* segment = segment_of(block);
-    Page* page = unit_descriptor_of(segment, block);
-    if (page->heap == nullptr) page = page_of(segment, block);
-    page_free_local(heap, page, block);
+    page_free_local(heap, page_of(segment_of(block), block), block);
   }
 }
 
