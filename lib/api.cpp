@@ -154,7 +154,7 @@ void* reallocate(void* p, size_t size) noexcept {
   const uint8_t kind = chunk_kind(p);
   size_t old_usable;
   if (kind == kChunkSegment) {
-    old_usable = page_of(segment_of(p), p)->block_bytes;
+    old_usable = unit_page_of(p)->block_bytes;
     if (old_usable == 0) return out_of_memory();  // not a block: leave it alone
     if (size <= old_usable && size >= old_usable / 2) return p;
   } else if (kind == kChunkForeign) {
@@ -191,7 +191,7 @@ void* reallocate(void* p, size_t size) noexcept {
 size_t usable_size_untracked(const void* p) noexcept {
   if (TRAY_UNLIKELY(debug_mode())) return debug_usable_size(p);
   const uint8_t kind = chunk_kind(p);
-  if (kind == kChunkSegment) return page_of(segment_of(p), p)->block_bytes;
+  if (kind == kChunkSegment) return unit_page_of(p)->block_bytes;
   if (p == nullptr) return 0;
   if (kind == kChunkForeign) {
     return g_foreign.usable_size != nullptr ? g_foreign.usable_size(const_cast<void*>(p)) : 0;

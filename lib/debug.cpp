@@ -199,7 +199,7 @@ struct LiveBlock {
 };
 
 bool find_small(const char* op, void* p, LiveBlock* out, bool report) {
-  Page* page = page_of(segment_of(p), p);
+  Page* page = unit_page_of(p);
   const auto* bytes = static_cast<const uint8_t*>(p);
   if (page->heap == nullptr || bytes < page->blocks) {
     if (report) {
@@ -279,7 +279,7 @@ void check_canary(const void* p, const LiveBlock& live) {
 // --- quarantine --------------------------------------------------------------------------
 // The block leaves quarantine: its fill must be whole, then it goes back to its page.
 void release_block(Heap* heap, Block* block) {
-  Page* page = page_of(segment_of(block), block);
+  Page* page = unit_page_of(block);
   uint32_t found;
   const size_t changed =
       first_changed_word(reinterpret_cast<uint8_t*>(block), 0, page->block_bytes, kFreedPattern, &found);
@@ -295,7 +295,7 @@ void release_oldest(Heap* heap, Quarantine* q) {
   Block* block = q->blocks[q->oldest];
   q->oldest = (q->oldest + 1) % kDebugQuarantineBlocks;
   --q->count;
-  q->bytes -= page_of(segment_of(block), block)->block_bytes;
+  q->bytes -= unit_page_of(block)->block_bytes;
   release_block(heap, block);
 }
 
@@ -343,7 +343,7 @@ void* alloc_small(unsigned size_class, size_t size, bool zero) {
   if (heap == nullptr) return nullptr;
   auto* block = static_cast<uint8_t*>(heap_alloc_from(heap, size_class, size));
   if (block == nullptr) return nullptr;
-  Page* page = page_of(segment_of(block), block);
+  Page* page = unit_page_of(block);
   // The pop just followed this block's link: it must lead to a free block of the page.
   if (!link_is_valid(page, page->free)) {
     const Block* link = page->free;

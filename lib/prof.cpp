@@ -270,7 +270,7 @@ void return_forgotten() {
   while (g_forgotten != nullptr) {
     Block* block = g_forgotten;
     g_forgotten = block->next;
-    page_free_local(heap, page_of(segment_of(block), block), block);
+    page_free_local(heap, unit_page_of(block), block);
   }
 }
 

@@ -147,7 +147,7 @@ void remote_flush(Heap* self) noexcept {
 void remote_drain(Heap* heap) noexcept {
   Block* run = heap->remote_free.exchange(nullptr, std::memory_order_acquire);
   while (run != nullptr) {
-    Page* page = page_of(segment_of(run), run);
+    Page* page = unit_page_of(run);
     const Room room = room_of(page);
     if (room == Room::kNone) {
       Block* next = run->next;

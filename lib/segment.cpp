@@ -120,7 +120,6 @@ Segment* segment_map_new() {
   for (auto& page : s->pages) new (&page) Page();
   for (auto& states : s->debug_states) states = nullptr;
   for (auto& bits : s->sparse_purged) bits = 0;
-  for (auto& offset : s->page_offset) offset = page_offset_of(0);
   unit_map_set(s, 0, kUnitsPerSegment, &s->pages[0]);
   chunk_map_set(s, kSegmentBytes, false);
   count_add(g_totals.segments_mapped, 1);
@@ -298,7 +297,6 @@ Page* carve_page(Segment* s, int first, unsigned units) {
   s->free_units &= ~mask;
   g_page_bytes += size_t(units) * kUnitBytes;
   if (s->free_units == 0) list_remove(g_partial, s);
-  for (unsigned u = 0; u < units; ++u) s->page_offset[first + int(u)] = page_offset_of(unsigned(first));
   Page* page = &s->pages[first];
   unit_map_set(s, unsigned(first), units, page);
   page->unit_count = uint8_t(units);
@@ -387,7 +385,6 @@ void segment_return_page(Page* page) {
     os::LockGuard guard(g_pool_lock);
     TRAY_CHECK(s->magic == kSegmentMagic);    // a page descriptor that is not in a segment
     TRAY_CHECK((s->free_units & mask) == 0);  // a page returned twice would corrupt the pool
-    for (unsigned u = 0; u < units; ++u) s->page_offset[first + u] = page_offset_of(0);
     unit_map_set(s, first, units, &s->pages[0]);
     page->unit_count = 0;
     if (s->free_units == 0) list_push(g_partial, s);

@@ -65,6 +65,8 @@ TRAY_INLINE uint8_t chunk_kind(const void* p) {
 extern TRAY_HIDDEN uintptr_t* g_unit_map;
 extern TRAY_HIDDEN constinit Page g_foreign_page;
 
+// The page p lies in: the slow paths ask it too, for any pointer inside a segment (a free unit
+// names the segment's pages[0]).
 TRAY_INLINE Page* unit_page_of(const void* p) {
   const uintptr_t unit = reinterpret_cast<uintptr_t>(p) >> kUnitShift;
 #if defined(TRAY_TSAN)
@@ -88,23 +90,11 @@ TRAY_INLINE Segment* segment_of(const void* p) {
   return reinterpret_cast<Segment*>(align_down(reinterpret_cast<uintptr_t>(p), kSegmentBytes));
 }
 
-// The page p lies in (pages[0], ownerless, for a free unit).
-TRAY_INLINE Page* page_of(Segment* segment, const void* p) {
-  const size_t unit = (reinterpret_cast<uintptr_t>(p) >> kUnitShift) & (kUnitsPerSegment - 1);
-  return reinterpret_cast<Page*>(reinterpret_cast<char*>(segment) + segment->page_offset[unit]);
-}
-
 // The debug state table of a page (see Segment::debug_states).
 TRAY_INLINE uint32_t*& page_debug_states(const Page* page) {
   Segment* segment = segment_of(page);
   return segment->debug_states[page - segment->pages];
 }
-
-// Byte offset of pages[index] in its segment (what page_offset holds).
-constexpr uint16_t page_offset_of(unsigned index) {
-  return uint16_t(offsetof(Segment, pages) + index * sizeof(Page));
-}
-static_assert(offsetof(Segment, pages) + kUnitsPerSegment * sizeof(Page) <= UINT16_MAX);
 
 // A run of `units` free units as a page descriptor with unit_count and blocks set (the rest
 // is the page layer's to fill); nullptr when the OS refuses memory.

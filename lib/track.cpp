@@ -33,7 +33,7 @@ bool asan_present() { return g_asan_started; }
 // guarded ones go back to the OS or fault by themselves, and their shadow would outlive them.
 const Page* small_block_page(const void* p) {
   if (chunk_kind(p) != kChunkSegment) return nullptr;
-  const Page* page = page_of(segment_of(p), p);
+  const Page* page = unit_page_of(p);
   if (page->block_bytes == 0) return nullptr;
   const size_t offset = size_t(static_cast<const uint8_t*>(p) - page->blocks);
   return offset % page->block_bytes == 0 ? page : nullptr;

@@ -83,10 +83,9 @@ struct Segment {
   uint64_t dirty_since_ms;   // when the oldest dirty unit became free
   Segment* next;             // pool list (segments with free units, or the cache)
   Segment* prev;
-  // Unit u belongs to the page whose descriptor lies page_offset[u] bytes into the segment
-  // (for the slow paths; the free fast path reads the unit map, segment.hpp). Free units point
-  // at pages[0], the header unit's descriptor, which stays empty and ownerless.
-  uint16_t page_offset[kUnitsPerSegment];
+  // pages[i] describes the page that starts at unit i; which page a unit belongs to is the
+  // unit map's to say (segment.hpp). pages[0], the header unit's, stays empty and ownerless:
+  // free units name it.
   Page pages[kUnitsPerSegment];
   // Debug mode only, indexed like pages: one word per block of the page, written with atomics
   // by whichever thread allocates or frees the block (see debug.cpp); mapped on the page's

@@ -12,8 +12,16 @@
 
 namespace {
 
+// The page that p's unit belongs to, found from the segment's descriptors alone: the nearest
+// carved page that starts at or before the unit and covers it, or the ownerless pages[0].
 tray::Page* owning_page(const void* p) {
-  return tray::page_of(tray::segment_of(p), p);
+  tray::Segment* s = tray::segment_of(p);
+  const size_t unit = (reinterpret_cast<uintptr_t>(p) >> tray::kUnitShift) & (tray::kUnitsPerSegment - 1);
+  for (size_t first = unit + 1; first-- > 1;) {
+    const tray::Page& page = s->pages[first];
+    if (page.unit_count != 0) return first + page.unit_count > unit ? &s->pages[first] : &s->pages[0];
+  }
+  return &s->pages[0];
 }
 
 TEST(UnitMap, NamesThePageOfEveryUnitOfEachPage) {
@@ -50,7 +58,7 @@ TEST(UnitMap, NamesTheOwnerlessPageForMemoryOfNoPage) {
   munmap(mapped, 1 << 20);
 }
 
-// Units that went back to the pool name their segment's pages[0], as the header's table does,
+// Units that went back to the pool name their segment's pages[0],
 // never the descriptor of the page they left (a later page elsewhere in the segment reuses
 // it); units of unmapped segments name g_foreign_page.
 TEST(UnitMap, UnitsBackInThePoolNameNoPage) {
