@@ -110,9 +110,14 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
 void free_slow(void* p) noexcept {
   if (p == nullptr) return;
   if (TRAY_UNLIKELY(debug_mode())) return debug_free(p);
+  // Another thread's block, the common case here, without asking the chunk map: only a page
+  // with blocks has an owner (the unit map names g_foreign_page for memory outside segments,
+  // and pages[0] for free units).
+  Page* page = unit_page_of(p);
+  if (TRAY_LIKELY(page->heap != nullptr)) return heap_free_remote(page, static_cast<Block*>(p));
   const uint8_t kind = chunk_kind(p);
-  if (kind == kChunkSegment) {
-    heap_free_remote(static_cast<Block*>(p));
+  if (kind == kChunkSegment) {  // inside a segment but in no page: a stale or made-up pointer
+    count_add(g_totals.foreign_frees, 1);
     return;
   }
   if (kind == kChunkForeign) {

@@ -351,15 +351,10 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
   }
 }
 
-void heap_free_remote(Block* block) noexcept {
-  Page* page = unit_page_of(block);
-  if (TRAY_UNLIKELY(page->heap == nullptr)) {
-    // Inside a segment but in no page: a stale or made-up pointer. Dropping it keeps the pools
-    // intact.
-    count_add(g_totals.foreign_frees, 1);
-    return;
-  }
-  free_key_check_and_set(page, block);
+namespace {
+
+// heap_free_remote's cases other than a thread with a heap freeing another heap's block.
+TRAY_NOINLINE void free_remote_unusual(Page* page, Block* block) {
   // A thread that frees what others allocated, and never allocated itself (a consumer), gets a
   // heap here: without buckets to gather in, each block went home alone, a compare-and-swap on
   // the owner's stack per free and a one-block run for the owner to take in.
@@ -367,6 +362,22 @@ void heap_free_remote(Block* block) noexcept {
   heap_count_free(tls_heap, page);
   if (TRAY_UNLIKELY(page->heap == g_prof_heap.load(std::memory_order_relaxed))) return prof_free(block);
   heap_free_block(tls_heap, page, block);
+}
+
+}  // namespace
+
+// The common case ends in a tail call to remote_send, and the rest leaves through another:
+// with calls in its body, every foreign free saved and restored three registers here.
+void heap_free_remote(Page* page, Block* block) noexcept {
+  free_key_check_and_set(page, block);
+  Heap* self = tls_heap;
+  Heap* owner = page->heap;
+  if (TRAY_UNLIKELY(self == &g_empty_heap || owner == self ||
+                    owner == g_prof_heap.load(std::memory_order_relaxed)))
+    return free_remote_unusual(page, block);
+  count_free(self, page);
+  counter_add(self->counters.remote_frees, 1);
+  remote_send(self, page, block);
 }
 
 void heap_count_free(Heap* self, const Page* page) noexcept {

@@ -33,9 +33,9 @@ void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept;
 void* heap_refill_pop(Heap* heap, unsigned size_class) noexcept;
 // A local free left the page empty, or landed in a full (floating) page.
 void heap_page_event(Heap* heap, Page* page) noexcept;
-// A free into a segment that the fast path could not do: a block of another heap (or of the
-// calling thread's before it has a heap), or an invalid pointer.
-void heap_free_remote(Block* block) noexcept;
+// A free of a block of `page` (a page with an owner) that the fast path could not do: a block
+// of another heap, or of the calling thread's before it has a heap.
+void heap_free_remote(Page* page, Block* block) noexcept;
 // Counts a free of a block of `page` by the thread whose heap is `self` (&g_empty_heap for a
 // thread without one). Separate from heap_free_block: debug mode counts at the program's
 // free, and gives the block back only when it leaves quarantine.

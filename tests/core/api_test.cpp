@@ -219,6 +219,28 @@ TEST(Api, FreeOfAForeignPointerIsIgnoredAndCounted) {
   std::free(foreign);
 }
 
+// A pointer into a segment that no page holds (here the header unit's tail, past the segment
+// header) must be dropped and counted, not linked anywhere: free tells such pointers from
+// blocks by their page having no owner, before it asks the chunk map.
+TEST(Api, FreeInsideASegmentButInNoPageIsIgnoredAndCounted) {
+  void* mine = tray_malloc(48);
+  ASSERT_NE(mine, nullptr);
+  tray_test::fill_pattern(mine, 48);
+  const uintptr_t segment = reinterpret_cast<uintptr_t>(mine) & ~uintptr_t(tray::kSegmentBytes - 1);
+  void* stray = reinterpret_cast<void*>(segment + tray::kUnitBytes - 64);
+
+  const size_t foreign_before = tray_test::stats_now().foreign_frees;
+  tray_free(stray);
+  EXPECT_EQ(tray_test::stats_now().foreign_frees, foreign_before + 1);
+
+  EXPECT_TRUE(tray_test::pattern_intact(mine, 48));
+  void* next = tray_malloc(48);  // and the allocator is still sound
+  ASSERT_NE(next, nullptr);
+  EXPECT_NE(next, stray);
+  tray_free(next);
+  tray_free(mine);
+}
+
 TEST(Api, StatsRejectAnUnknownVersion) {
   tray_stats stats{};
   stats.version = TRAY_STATS_VERSION + 1;
