@@ -372,9 +372,9 @@ void heap_free_remote(Block* block) noexcept {
   // waits on them) would otherwise keep what they freed into its stack until it exits: no
   // other thread may take it in, since this one's fast paths write its pages without atomics.
   // Freeing a foreign block is a slow path of its own thread, where taking it in is safe; the
-  // load is of a line that senders write once per batch.
-  if (self != &g_empty_heap && self->remote_free.load(std::memory_order_relaxed) != nullptr)
-    remote_drain(self);
+  // load is of a line that senders write once per batch. &g_empty_heap's stack stays empty (no
+  // page is its), so a thread without a heap needs no test of its own.
+  if (self->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(self);
 }
 
 void heap_count_free(Heap* self, const Page* page) noexcept {
