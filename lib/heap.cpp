@@ -361,7 +361,15 @@ TRAY_NOINLINE void free_remote_unusual(Page* page, Block* block) {
   if (TRAY_UNLIKELY(tls_heap == &g_empty_heap) && tls_own_heap == nullptr) heap_attach_thread();
   heap_count_free(tls_heap, page);
   if (TRAY_UNLIKELY(page->heap == g_prof_heap.load(std::memory_order_relaxed))) return prof_free(block);
-  heap_free_block(tls_heap, page, block);
+  Heap* self = tls_heap;
+  heap_free_block(self, page, block);
+  // An owner that stopped allocating (a thread that filled a table for others and now only
+  // waits on them) would otherwise keep what they freed into its stack until it exits: no
+  // other thread may take it in, since this one's fast paths write its pages without atomics.
+  // Freeing a foreign block is a slow path of its own thread, where taking it in is safe; the
+  // load is of a line that senders write once per batch. &g_empty_heap's stack stays empty (no
+  // page is its), so a thread without a heap needs no test of its own.
+  if (self->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(self);
 }
 
 }  // namespace

@@ -232,6 +232,31 @@ TEST(RemoteFree, ConsumerThatNeverAllocatedSendsEverythingHome) {
   EXPECT_EQ(probe_class_pages(), pages_before) << "blocks stranded in the exited consumer";
 }
 
+// An owner that stops allocating (larson_server's main thread fills the tables, then only
+// joins its workers) takes in what others freed into its heap when it frees a block of
+// another heap: that is one of its own slow paths. Before, those blocks, and the pages they
+// kept in use, waited on its remote stack until the thread allocated again or exited.
+TEST(RemoteFree, OwnerThatOnlyFreesTakesItsStackInOnAForeignFree) {
+  tray_trim();
+  const unsigned long long pages_before = probe_class_pages();
+  // 600 blocks of 6 KiB: pages well past the 1 MiB of empty pages a heap may keep.
+  std::vector<Block> blocks = allocate_probe_blocks(600);
+  Block foreign{};
+  std::atomic<size_t> corrupt{0};
+  std::thread([&] {
+    foreign = tray_test::allocate_filled(64);
+    for (const Block& block : blocks)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+  }).join();  // its exit sends its buckets: every block now waits on this thread's stack
+  EXPECT_EQ(corrupt.load(), 0u);
+  const unsigned long long in_transit = probe_class_pages();
+  ASSERT_GE(in_transit, pages_before + 50) << "the blocks were taken in before the test looked";
+  ASSERT_NE(foreign.ptr, nullptr);
+  EXPECT_TRUE(tray_test::free_checked(foreign));  // this thread allocates nothing in between
+  EXPECT_LE(probe_class_pages(), pages_before + (in_transit - pages_before) / 2)
+      << "the remote stack was not taken in on the foreign free";
+}
+
 // Owners and senders at once, both ways, with threads replaced while blocks are in flight
 // (the pattern of a server handing requests between worker threads).
 TEST(RemoteFree, ThreadsReplacedWhileBlocksMoveBothWays) {
