@@ -353,6 +353,21 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
 
 namespace {
 
+// An owner that stopped allocating (a thread that filled a table for others and now only
+// waits on them) would otherwise keep what they freed into its stack until it exits: no
+// other thread may take it in, since this one's fast paths write its pages without atomics.
+// Freeing a foreign block is a slow path of its own thread, where taking it in is safe; the
+// load is of a line that senders write once per batch. &g_empty_heap's stack stays empty (no
+// page is its), so a thread without a heap needs no test of its own.
+TRAY_INLINE bool has_remote_frees(const Heap* self) {
+  return self->remote_free.load(std::memory_order_relaxed) != nullptr;
+}
+
+TRAY_NOINLINE void send_and_take_in(Heap* self, Page* page, Block* block) {
+  remote_send(self, page, block);
+  remote_drain(self);
+}
+
 // heap_free_remote's cases other than a thread with a heap freeing another heap's block.
 TRAY_NOINLINE void free_remote_unusual(Page* page, Block* block) {
   // A thread that frees what others allocated, and never allocated itself (a consumer), gets a
@@ -363,13 +378,7 @@ TRAY_NOINLINE void free_remote_unusual(Page* page, Block* block) {
   if (TRAY_UNLIKELY(page->heap == g_prof_heap.load(std::memory_order_relaxed))) return prof_free(block);
   Heap* self = tls_heap;
   heap_free_block(self, page, block);
-  // An owner that stopped allocating (a thread that filled a table for others and now only
-  // waits on them) would otherwise keep what they freed into its stack until it exits: no
-  // other thread may take it in, since this one's fast paths write its pages without atomics.
-  // Freeing a foreign block is a slow path of its own thread, where taking it in is safe; the
-  // load is of a line that senders write once per batch. &g_empty_heap's stack stays empty (no
-  // page is its), so a thread without a heap needs no test of its own.
-  if (self->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(self);
+  if (has_remote_frees(self)) remote_drain(self);
 }
 
 }  // namespace
@@ -385,6 +394,7 @@ void heap_free_remote(Page* page, Block* block) noexcept {
     return free_remote_unusual(page, block);
   count_free(self, page);
   counter_add(self->counters.remote_frees, 1);
+  if (TRAY_UNLIKELY(has_remote_frees(self))) return send_and_take_in(self, page, block);
   remote_send(self, page, block);
 }
 
