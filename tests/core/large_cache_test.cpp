@@ -137,8 +137,11 @@ void expect_evicted_block_unmapped_soon(void (*free_block)(void*)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const auto waited = std::chrono::steady_clock::now() - start;
   EXPECT_LT(large_mapped_bytes(), kBytes) << "the evicted mapping was never unmapped";
-  EXPECT_LT(waited, std::chrono::milliseconds(tray::kLargeCacheIdleMs / 2))
-      << "the evicted mapping waited for the purger's next deadline";
+  // Sanitizers make the unmap itself slow (their shadow of the range goes with it).
+  if (!tray_test::kSanitized) {
+    EXPECT_LT(waited, std::chrono::milliseconds(tray::kLargeCacheIdleMs / 2))
+        << "the evicted mapping waited for the purger's next deadline";
+  }
   EXPECT_LT(cached_bytes(), 16 * kMiB);
   tray_free(keep);
 }
