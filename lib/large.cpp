@@ -24,7 +24,14 @@ size_t g_cache_bytes = 0;  // bytes the cached mappings may hold resident (their
 std::atomic<size_t> g_cache_used_seen{0};
 std::atomic<size_t> g_cache_bytes_seen{0};
 uint64_t g_last_request_ms = 0;  // the last large request that could take from the cache
+// Mappings evicted from the cache for the purger thread to unmap (kLargeUnmapDeferBytes says
+// why), under g_cache_lock: a fork's child finds them consistent, and whoever unmaps them
+// first takes them out.
+LargeHeader* g_doomed[kLargeCacheCount];
+size_t g_doomed_used = 0;
+size_t g_doomed_bytes = 0;
 
+// Mappings waiting for the purger are not the cache's: they count as committed until unmapped.
 void publish_cache_usage() {
   g_cache_used_seen.store(g_cache_used, std::memory_order_relaxed);
   g_cache_bytes_seen.store(g_cache_bytes, std::memory_order_relaxed);
@@ -100,13 +107,40 @@ uint64_t cache_expiry_ms(const LargeHeader* header) {
   return std::min(header->cached_ms + kLargeCacheDelayMs, idle_from + kLargeCacheIdleMs);
 }
 
-// Moves mappings out of the cache into `out` (to be unmapped after unlocking): the expired
-// ones, then the oldest until `incoming` more bytes and one more mapping fit. Lock held.
+// Where an evicted mapping goes: to the purger thread while it runs and has room for it,
+// else into `out`, for the caller to unmap after unlocking. Lock held.
+void evict(LargeHeader* header, LargeHeader** out, size_t* count) {
+  if (g_purger_state.load(std::memory_order_relaxed) == PurgerState::kRunning &&
+      g_doomed_used < kLargeCacheCount && g_doomed_bytes + header->dirty_bytes <= kLargeUnmapDeferBytes) {
+    g_doomed[g_doomed_used++] = header;
+    g_doomed_bytes += header->dirty_bytes;
+  } else {
+    out[(*count)++] = header;
+  }
+}
+
+// Moves every mapping waiting for the purger into `out`, from `count` on. Lock held.
+size_t take_doomed(LargeHeader** out, size_t count) {
+  for (size_t i = 0; i < g_doomed_used; ++i) out[count++] = g_doomed[i];
+  g_doomed_used = 0;
+  g_doomed_bytes = 0;
+  return count;
+}
+
+// Unmaps what eviction left to the caller, and wakes the purger for what it left to it.
+// Lock not held.
+void finish_evictions(LargeHeader** evicted, size_t count, bool doomed) {
+  for (size_t i = 0; i < count; ++i) unmap_mapping(evicted[i]);
+  if (doomed) purger_wake();
+}
+
+// Moves mappings out of the cache (see evict): the expired ones, then the oldest until
+// `incoming` more bytes and one more mapping fit. The count put in `out`. Lock held.
 size_t cache_evict(uint64_t now, size_t incoming, size_t limit, LargeHeader** out) {
   size_t count = 0;
   for (size_t i = 0; i < g_cache_used;) {
     if (now >= cache_expiry_ms(g_cache[i])) {
-      out[count++] = g_cache[i];
+      evict(g_cache[i], out, &count);
       cache_remove_at(i);
     } else {
       ++i;
@@ -115,7 +149,7 @@ size_t cache_evict(uint64_t now, size_t incoming, size_t limit, LargeHeader** ou
   while (g_cache_used > 0 &&
          (g_cache_used == kLargeCacheCount || g_cache_bytes + incoming > limit)) {
     const size_t oldest = cache_oldest();
-    out[count++] = g_cache[oldest];
+    evict(g_cache[oldest], out, &count);
     cache_remove_at(oldest);
   }
   return count;
@@ -185,14 +219,21 @@ size_t distance(size_t a, size_t b) { return a > b ? a - b : b - a; }
 // what the block needs; else the one with the most touched pages, for the caller to grow
 // (moving pages costs less than faulting in fresh ones). nullptr if the cache is empty.
 LargeHeader* cache_take(size_t used_bytes) {
-  LargeHeader* evicted[kLargeCacheCount];
+  LargeHeader* evicted[2 * kLargeCacheCount];
   size_t evicted_count;
+  bool doomed;
   LargeHeader* best = nullptr;
   {
     os::LockGuard guard(g_cache_lock);
     const uint64_t now = os::now_ms();
     g_last_request_ms = now;
+    const size_t doomed_before = g_doomed_used;
     evicted_count = cache_evict(now, 0, cache_limit_bytes(now, 0), evicted);
+    // No purger to unmap what waits for it (a fork's child, before its purger starts again):
+    // the program's next large request does.
+    if (g_purger_state.load(std::memory_order_relaxed) != PurgerState::kRunning)
+      evicted_count = take_doomed(evicted, evicted_count);
+    doomed = g_doomed_used > doomed_before;
     size_t best_index = 0;
     for (size_t i = 0; i < g_cache_used; ++i) {
       LargeHeader* h = g_cache[i];
@@ -217,30 +258,34 @@ LargeHeader* cache_take(size_t used_bytes) {
     }
     publish_cache_usage();
   }
-  for (size_t i = 0; i < evicted_count; ++i) unmap_mapping(evicted[i]);
+  finish_evictions(evicted, evicted_count, doomed);
   return best;
 }
 
-// Caches a freed mapping, or returns false if it is more than the cache may hold.
-bool cache_put(LargeHeader* header, size_t usable) {
+// Caches a freed mapping, or evicts it (see evict) if it is more than the cache may hold.
+void cache_put(LargeHeader* header, size_t usable) {
   LargeHeader* evicted[kLargeCacheCount];
   size_t evicted_count = 0;
+  bool doomed;
   bool cached = false;
   header->cached_ms = os::now_ms();
   {
     os::LockGuard guard(g_cache_lock);
+    const size_t doomed_before = g_doomed_used;
     const size_t limit = cache_limit_bytes(header->cached_ms, usable);
     if (header->dirty_bytes <= limit) {
       header = cache_coalesce(header);
       evicted_count = cache_evict(header->cached_ms, header->dirty_bytes, limit, evicted);
       cache_insert(header);
       cached = true;
+    } else {
+      evict(header, evicted, &evicted_count);  // too big to keep
     }
+    doomed = g_doomed_used > doomed_before;
     publish_cache_usage();
   }
-  for (size_t i = 0; i < evicted_count; ++i) unmap_mapping(evicted[i]);
+  finish_evictions(evicted, evicted_count, doomed);
   if (cached) purger_notify();
-  return cached;
 }
 
 // Takes out of the cache the mapping that starts at `address` if it holds at least `bytes`,
@@ -293,7 +338,7 @@ void fill_from_cache(LargeHeader* header, size_t old_reserve, size_t used_bytes)
     if (!moved) chunk_map_set(cached, bytes, true);
   }
   if (!moved) {
-    if (!cache_put(cached, 0)) unmap_mapping(cached);
+    cache_put(cached, 0);
     return;
   }
   // Its header went with its pages and now lies inside the block: nothing reads it again.
@@ -364,7 +409,7 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   if (header != nullptr && header->reserve_bytes < used_bytes) {
     LargeHeader* grown = grow_reservation(header, used_bytes, alignment);
     // What it held stays cached for another request; this one gets a fresh mapping.
-    if (grown == nullptr && !cache_put(header, 0)) unmap_mapping(header);
+    if (grown == nullptr) cache_put(header, 0);
     header = grown;
   }
   if (header != nullptr) {
@@ -416,7 +461,7 @@ void large_free(LargeHeader* header) {
   count_add(g_totals.large_frees, 1);
   header->user = nullptr;  // a second free of the block no longer finds it
   if (header->magic == kSpanBlockMagic) span_free(header);
-  else if (!cache_put(header, usable)) unmap_mapping(header);
+  else cache_put(header, usable);
 }
 
 void large_retire(LargeHeader* header, void* user) {
@@ -471,12 +516,12 @@ void* large_resize(LargeHeader* header, size_t new_size) {
 }
 
 bool large_trim() {
-  LargeHeader* taken[kLargeCacheCount];
+  LargeHeader* taken[2 * kLargeCacheCount];
   size_t count;
   {
     os::LockGuard guard(g_cache_lock);
-    count = g_cache_used;
-    for (size_t i = 0; i < count; ++i) taken[i] = g_cache[i];
+    count = take_doomed(taken, 0);
+    for (size_t i = 0; i < g_cache_used; ++i) taken[count++] = g_cache[i];
     g_cache_used = 0;
     g_cache_bytes = 0;
     publish_cache_usage();
@@ -487,12 +532,14 @@ bool large_trim() {
 }
 
 uint64_t large_purge_expired(uint64_t now_ms) {
-  LargeHeader* evicted[kLargeCacheCount];
+  LargeHeader* evicted[2 * kLargeCacheCount];
   size_t count;
   uint64_t due = kNeverMs;
   {
     os::LockGuard guard(g_cache_lock);
+    // What the eviction hands to the purger is this thread's to unmap now.
     count = cache_evict(now_ms, 0, cache_limit_bytes(now_ms, 0), evicted);
+    count = take_doomed(evicted, count);
     for (size_t i = 0; i < g_cache_used; ++i)
       due = std::min(due, cache_expiry_ms(g_cache[i]));
     publish_cache_usage();

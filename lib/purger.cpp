@@ -102,6 +102,13 @@ void purger_notify() {
   }
 }
 
+void purger_wake() {
+  // Bumped after the caller published its work under a lock the pass takes: either the pass
+  // already running sees the work, or its wait below finds g_wake changed and returns.
+  g_wake.fetch_add(1, std::memory_order_relaxed);
+  os::wake_all(g_wake);
+}
+
 void purger_start() {
   PurgerState expected = PurgerState::kWanted;
   if (!g_purger_state.compare_exchange_strong(expected, PurgerState::kStarting,

@@ -26,6 +26,9 @@ extern constinit std::atomic<PurgerState> g_purger_state;
 // stats_interval. Wakes the thread if it sleeps without a deadline, or marks it wanted.
 // Lock-free; safe under the allocator's locks.
 void purger_notify();
+// Ends the thread's sleep, deadline or not, for work that must not wait for its next deadline
+// (mappings to unmap). One futex call; only while the thread runs.
+void purger_wake();
 // Starts the thread if it is wanted. Only where re-entering malloc is safe: no allocator lock
 // held, and the calling thread's heap consistent.
 void purger_start();

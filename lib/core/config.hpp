@@ -95,6 +95,11 @@ inline constexpr uint64_t kLargeCacheIdleMs = 150;
 // A reused mapping keeps touched pages past the block's end only up to 1/kLargeCacheFitRatio
 // of the block; the rest goes back to the OS.
 inline constexpr size_t kLargeCacheFitRatio = 2;
+// Mappings evicted from the cache are unmapped by the purger thread while it runs, so that
+// the program's free does not pay for the kernel freeing their pages; at most this many bytes
+// of them wait for it at once (they stay resident until it gets to them), the rest are
+// unmapped by the thread that evicts them.
+inline constexpr size_t kLargeUnmapDeferBytes = size_t{256} << 20;
 
 // Large blocks up to a chunk less a page are runs of pages cut from shared chunks (span.cpp):
 // pages of this size (the OS page; spans are off where it differs)...

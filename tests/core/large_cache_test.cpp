@@ -2,7 +2,8 @@
 // when a grown block is written, the cache's counters, and what comes back to the OS. A block
 // that grows takes cached pages instead of faulting in fresh ones; a burst of big blocks freed
 // together stays cached (not unmapped while the program frees) until the idle purger gives it
-// back; a cached mapping that could not be grown for a request is kept, not thrown away.
+// back; a cached mapping that could not be grown for a request is kept, not thrown away; a
+// mapping evicted while the purger runs is unmapped by it at once, not at its next deadline.
 #include <sys/resource.h>
 
 #include <gtest/gtest.h>
@@ -110,6 +111,47 @@ TEST(LargeCache, MappingThatCannotGrowStaysCached) {
   EXPECT_EQ(cached_bytes(), cached) << "the cached mapping was thrown away";
   std::memset(big, 0x7e, 20 * kMiB);
   tray_free(big);
+}
+
+// Address space the large blocks hold, live or cached or on their way back (the address alone
+// would not tell: the kernel may hand the range to anyone once it is unmapped).
+size_t large_mapped_bytes() { return tray_test::stats_now().large.mapped_bytes; }
+
+// A block too big for the cache, freed by `free_block` (on this thread or another): with the
+// purger running, the free hands the unmap to it, which does it at once, long before the
+// deadline it sleeps towards (a cached mapping's idle delay). Without the purger (sanitizer and
+// debug builds) the free unmaps it itself.
+void expect_evicted_block_unmapped_soon(void (*free_block)(void*)) {
+  tray_trim();
+  // A cached mapping gives the purger a deadline to sleep towards; the free starts it.
+  tray_free(touched_block(8 * kMiB, 0x01));
+  void* keep = tray_malloc(64);  // a slow path after the free: the purger has started
+  constexpr size_t kBytes = 160 * kMiB;  // over half of itself, the most the cache would keep
+  static_assert(kBytes <= tray::kLargeUnmapDeferBytes);
+  void* big = touched_block(kBytes, 0x3c);
+  ASSERT_NE(big, nullptr);
+  free_block(big);
+  const auto start = std::chrono::steady_clock::now();
+  while (large_mapped_bytes() >= kBytes &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(large_mapped_bytes(), kBytes) << "the evicted mapping was never unmapped";
+  // Sanitizers make the unmap itself slow (their shadow of the range goes with it).
+  if (!tray_test::kSanitized) {
+    EXPECT_LT(waited, std::chrono::milliseconds(tray::kLargeCacheIdleMs / 2))
+        << "the evicted mapping waited for the purger's next deadline";
+  }
+  EXPECT_LT(cached_bytes(), 16 * kMiB);
+  tray_free(keep);
+}
+
+TEST(LargeCache, EvictedMappingUnmappedAtOnce) {
+  expect_evicted_block_unmapped_soon([](void* p) { tray_free(p); });
+}
+
+TEST(LargeCache, EvictedMappingFreedByAnotherThreadUnmappedAtOnce) {
+  expect_evicted_block_unmapped_soon([](void* p) { std::thread([p] { tray_free(p); }).join(); });
 }
 
 }  // namespace
