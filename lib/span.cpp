@@ -116,20 +116,75 @@ void give_pages(SpanChunk* chunk, size_t first, size_t count, uint64_t now) {
   count_add(g_totals.bytes_large_committed, count * kSpanPageBytes);
 }
 
-// Gives the chunk's resident free pages back to the OS, run by run. Pages the kernel refused
-// stay counted as resident: a later calloc must not take them for zero.
-void purge_chunk(SpanChunk* chunk) {
-  for (size_t s = next_with(chunk->dirty_bits, 1, true); s < kSpanChunkPages;) {
-    const size_t e = next_with(chunk->dirty_bits, s, false);
-    const size_t count = e - s;
-    if (os::purge(base_of(chunk) + s * kSpanPageBytes, count * kSpanPageBytes)) {
-      set_range(chunk->dirty_bits, s, count, false);
-      chunk->dirty_pages -= uint32_t(count);
-      g_dirty_bytes -= count * kSpanPageBytes;
-      count_sub(g_totals.bytes_large_committed, count * kSpanPageBytes);
-      count_add(g_totals.bytes_purged, count * kSpanPageBytes);
+// A free run that holds resident pages, taken out of its chunk for purging: its pages are
+// neither free nor dirty while madvise runs without the lock, so no block takes them, no
+// other purge picks them again and the chunk is not unmapped under it.
+struct Claim {
+  SpanChunk* chunk;
+  uint16_t first;
+  uint16_t count;
+  uint16_t dirty;  // of the run's pages, the resident ones
+  bool purged;
+};
+
+struct Claims {
+  Claim runs[kSpanPurgeClaimsPerRound];
+  size_t count = 0;
+  bool full() const { return count == kSpanPurgeClaimsPerRound; }
+};
+
+size_t count_range(const uint64_t* bits, size_t first, size_t count) {
+  size_t n = 0;
+  for (size_t i = first; i < first + count; ++i) n += test(bits, i);
+  return n;
+}
+
+// Claims the chunk's free runs that hold resident pages, each run whole: its clean pages go in
+// the same madvise (harmless on free pages), so a run freed a block at a time, with clean
+// gaps, is one call, not one per dirty stretch. False if the claims filled up first.
+bool claim_chunk(SpanChunk* chunk, Claims* claims) {
+  for (size_t s = next_with(chunk->free_bits, 1, true); s < kSpanChunkPages;) {
+    const size_t e = next_with(chunk->free_bits, s, false);
+    const size_t dirty = count_range(chunk->dirty_bits, s, e - s);
+    if (dirty != 0) {
+      if (claims->full()) return false;
+      claims->runs[claims->count++] = {chunk, uint16_t(s), uint16_t(e - s), uint16_t(dirty), false};
+      set_range(chunk->free_bits, s, e - s, false);
+      set_range(chunk->dirty_bits, s, e - s, false);
+      chunk->free_pages -= uint32_t(e - s);
+      chunk->dirty_pages -= uint32_t(dirty);
+      g_dirty_bytes -= dirty * kSpanPageBytes;
     }
-    s = next_with(chunk->dirty_bits, e, true);
+    s = next_with(chunk->free_bits, e, true);
+  }
+  return true;
+}
+
+// Without the lock.
+void purge_claims(Claims* claims) {
+  for (size_t i = 0; i < claims->count; ++i) {
+    Claim& run = claims->runs[i];
+    run.purged = os::purge(base_of(run.chunk) + run.first * kSpanPageBytes, run.count * kSpanPageBytes);
+  }
+}
+
+// Puts the claimed runs back as free. Runs the kernel refused stay counted as resident, every
+// page of them: a later calloc must not take one for zero.
+void finish_claims(const Claims& claims) {
+  for (size_t i = 0; i < claims.count; ++i) {
+    const Claim& run = claims.runs[i];
+    SpanChunk* chunk = run.chunk;
+    set_range(chunk->free_bits, run.first, run.count, true);
+    chunk->free_pages += run.count;
+    if (run.purged) {
+      count_sub(g_totals.bytes_large_committed, run.dirty * kSpanPageBytes);
+      count_add(g_totals.bytes_purged, run.dirty * kSpanPageBytes);
+    } else {
+      set_range(chunk->dirty_bits, run.first, run.count, true);
+      chunk->dirty_pages += run.count;
+      g_dirty_bytes += run.count * kSpanPageBytes;
+      count_add(g_totals.bytes_large_committed, (run.count - run.dirty) * kSpanPageBytes);
+    }
   }
 }
 
@@ -137,18 +192,48 @@ size_t dirty_limit_bytes() {
   return std::max(kSpanDirtyFloorBytes, g_live_bytes / 100 * kSpanDirtyLivePercent);
 }
 
-// Purges the chunks freed into longest ago until the resident free pages are within the limit.
-void purge_over_limit() {
+// Claims the chunks freed into longest ago until the resident free pages are within the limit.
+void claim_over_limit(Claims* claims) {
   const size_t limit = dirty_limit_bytes();
-  while (g_dirty_bytes > limit) {
+  while (g_dirty_bytes > limit && !claims->full()) {
     SpanChunk* oldest = nullptr;
     for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
       if (c->dirty_pages != 0 && (oldest == nullptr || c->freed_ms < oldest->freed_ms)) oldest = c;
     if (oldest == nullptr) return;
-    const size_t before = g_dirty_bytes;
-    purge_chunk(oldest);
-    if (g_dirty_bytes == before) return;  // the kernel refuses: nothing more to do now
+    claim_chunk(oldest, claims);
   }
+}
+
+// The claims' madvise, without the lock, and their return under it.
+void purge_and_finish(Claims* claims) {
+  if (claims->count == 0) return;
+  purge_claims(claims);
+  os::LockGuard guard(g_lock);
+  finish_claims(*claims);
+  publish();
+}
+
+// Purges the free runs of every chunk that `due` picks, a round of claims at a time, until a
+// round is not full or the kernel refused all of it (those runs would be claimed again); true
+// if any went back.
+template <typename Due>
+bool purge_chunks(Due due) {
+  bool any = false;
+  for (bool more = true; more;) {
+    Claims claims;
+    {
+      os::LockGuard guard(g_lock);
+      for (SpanChunk* c = g_chunks; c != nullptr && !claims.full(); c = c->next)
+        if (c->dirty_pages != 0 && due(c)) claim_chunk(c, &claims);
+      more = claims.full();
+    }
+    purge_and_finish(&claims);
+    bool round_purged = false;
+    for (size_t i = 0; i < claims.count; ++i) round_purged |= claims.runs[i].purged;
+    any |= round_purged;
+    more = more && round_purged;
+  }
+  return any;
 }
 
 bool chunk_empty(const SpanChunk* chunk) { return chunk->free_pages == kSpanChunkPages - 1; }
@@ -254,12 +339,14 @@ void span_free(LargeHeader* header) {
   // Every page of the block counts as resident now (an upper bound, as for joined mappings).
   count_sub(g_totals.bytes_large_committed, header->dirty_bytes);
   header->dirty_bytes = 0;
+  Claims claims;
   {
     os::LockGuard guard(g_lock);
     give_pages(chunk, first, header->reserve_bytes >> kSpanPageShift, os::now_ms());
-    purge_over_limit();
+    claim_over_limit(&claims);
     publish();
   }
+  purge_and_finish(&claims);
   purger_notify();
 }
 
@@ -290,30 +377,30 @@ void span_shrink(LargeHeader* header, size_t new_used) {
   count_sub(g_totals.bytes_large_committed, header->dirty_bytes - dirty);
   header->dirty_bytes = dirty;
   header->reserve_bytes = new_used;
+  Claims claims;
   {
     os::LockGuard guard(g_lock);
     give_pages(chunk, new_end, count, os::now_ms());
-    purge_over_limit();
+    claim_over_limit(&claims);
     publish();
   }
+  purge_and_finish(&claims);
   purger_notify();
 }
 
 bool span_trim() {
+  const bool purged = purge_chunks([](const SpanChunk*) { return true; });
   os::LockGuard guard(g_lock);
-  const size_t dirty_before = g_dirty_bytes;
-  for (SpanChunk* c = g_chunks; c != nullptr; c = c->next) purge_chunk(c);
   const bool unmapped = unmap_empty_chunks([](const SpanChunk*) { return true; });
   publish();
-  return unmapped || g_dirty_bytes != dirty_before;
+  return purged || unmapped;
 }
 
 uint64_t span_purge_expired(uint64_t now_ms) {
-  os::LockGuard guard(g_lock);
   // A free may come after now_ms was read: it is not due.
   const auto expired = [now_ms](const SpanChunk* c) { return now_ms >= c->freed_ms + kSpanPurgeDelayMs; };
-  for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
-    if (c->dirty_pages != 0 && expired(c)) purge_chunk(c);
+  purge_chunks(expired);
+  os::LockGuard guard(g_lock);
   unmap_empty_chunks(expired);
   uint64_t due = kNeverMs;
   for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)

@@ -114,6 +114,9 @@ inline constexpr uint64_t kSpanPurgeDelayMs = kPurgeDelayMs;
 // chunks freed into longest ago are purged at once.
 inline constexpr size_t kSpanDirtyFloorBytes = size_t{16} << 20;
 inline constexpr size_t kSpanDirtyLivePercent = 50;
+// Free runs of span chunks that one holder of the span lock claims for purging: madvise runs
+// after it lets go (as kPoolPurgeClaimsPerRound for the pool).
+inline constexpr size_t kSpanPurgeClaimsPerRound = 16;
 
 // Every block is aligned to this (the smallest class is 16 bytes); larger
 // alignments need a class whose size is a multiple of them, or a large block.

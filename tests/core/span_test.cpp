@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -179,6 +180,54 @@ TEST_F(Span, ABurstIsGivenBackAfterTheDelay) {
   while (tray_test::stats_now().large.cached_bytes != 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(tray_test::stats_now().large.cached_bytes, 0u);
+}
+
+// Purges claim free runs under the lock and madvise them after letting go: blocks allocated,
+// grown and freed by other threads meanwhile must keep their bytes, and a calloc must read
+// zero whether its run was dirty, purged, or just given back by a purge.
+TEST_F(Span, PurgesBesideAllocatingThreadsLeaveBlocksIntact) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  auto work = [&](uint32_t seed) {
+    struct Live {
+      char* p;
+      size_t size;
+      uint8_t seed;
+    };
+    std::vector<Live> live;
+    for (int i = 0; i < 600; ++i) {
+      seed = seed * 1103515245 + 12345;
+      const size_t size = 128 * kKiB + (seed >> 8) % (900 * kKiB);
+      if (i % 3 == 0) {
+        auto* z = static_cast<char*>(tray_calloc(1, size));
+        if (z == nullptr) bad.fetch_add(1);
+        for (size_t j = 0; z != nullptr && j < size; j += 512)
+          if (z[j] != 0) {
+            bad.fetch_add(1);
+            break;
+          }
+        tray_free(z);
+      }
+      live.push_back({alloc_filled(size, uint8_t(i)), size, uint8_t(i)});
+      if (live.back().p == nullptr) bad.fetch_add(1);
+      if (live.size() > 6) {
+        const size_t k = (seed >> 4) % live.size();
+        if (!tray_test::sequence_intact(live[k].p, live[k].size, live[k].seed)) bad.fetch_add(1);
+        tray_free(live[k].p);
+        live.erase(live.begin() + long(k));
+      }
+    }
+    for (const Live& l : live) tray_free(l.p);
+  };
+  std::thread trimmer([&] {
+    while (!stop.load()) tray_trim();
+  });
+  std::thread a(work, 1u), b(work, 2u);
+  a.join();
+  b.join();
+  stop.store(true);
+  trimmer.join();
+  EXPECT_EQ(bad.load(), 0);
 }
 
 }  // namespace
