@@ -35,6 +35,7 @@ static_assert(sizeof(SpanChunk) <= kSpanPageBytes);
 os::Mutex g_lock;
 SpanChunk* g_chunks = nullptr;
 size_t g_dirty_bytes = 0;
+uint64_t g_last_alloc_ms = 0;  // the last span_alloc: dirty pages are kept only while they come
 size_t g_live_bytes = 0;
 std::atomic<size_t> g_dirty_seen{0};
 std::atomic<size_t> g_dirty_chunks_seen{0};
@@ -133,13 +134,18 @@ void purge_chunk(SpanChunk* chunk) {
   }
 }
 
-size_t dirty_limit_bytes() {
+// The floor and the live share keep freed runs warm for a program that still asks for spans.
+// One that has stopped (its big blocks went out of use with a phase of its work, and die one
+// by one while it allocates small ones) would keep every run freed in the last delay for
+// nobody: up to the floor, 16 MiB, through the soak's small phases.
+size_t dirty_limit_bytes(uint64_t now_ms) {
+  if (now_ms >= g_last_alloc_ms + kSpanIdleMs) return 0;
   return std::max(kSpanDirtyFloorBytes, g_live_bytes / 100 * kSpanDirtyLivePercent);
 }
 
 // Purges the chunks freed into longest ago until the resident free pages are within the limit.
-void purge_over_limit() {
-  const size_t limit = dirty_limit_bytes();
+void purge_over_limit(uint64_t now_ms) {
+  const size_t limit = dirty_limit_bytes(now_ms);
   while (g_dirty_bytes > limit) {
     SpanChunk* oldest = nullptr;
     for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
@@ -222,6 +228,7 @@ LargeHeader* span_alloc(size_t used_bytes) {
   if (os::page_size() != kSpanPageBytes) return nullptr;
   const size_t count = used_bytes >> kSpanPageShift;
   os::LockGuard guard(g_lock);
+  g_last_alloc_ms = os::now_ms();
   SpanChunk* chunk = nullptr;
   size_t first = 0;
   if (!best_fit(count, &chunk, &first)) {
@@ -256,8 +263,9 @@ void span_free(LargeHeader* header) {
   header->dirty_bytes = 0;
   {
     os::LockGuard guard(g_lock);
-    give_pages(chunk, first, header->reserve_bytes >> kSpanPageShift, os::now_ms());
-    purge_over_limit();
+    const uint64_t now = os::now_ms();
+    give_pages(chunk, first, header->reserve_bytes >> kSpanPageShift, now);
+    purge_over_limit(now);
     publish();
   }
   purger_notify();
@@ -292,8 +300,9 @@ void span_shrink(LargeHeader* header, size_t new_used) {
   header->reserve_bytes = new_used;
   {
     os::LockGuard guard(g_lock);
-    give_pages(chunk, new_end, count, os::now_ms());
-    purge_over_limit();
+    const uint64_t now = os::now_ms();
+    give_pages(chunk, new_end, count, now);
+    purge_over_limit(now);
     publish();
   }
   purger_notify();
@@ -314,10 +323,14 @@ uint64_t span_purge_expired(uint64_t now_ms) {
   const auto expired = [now_ms](const SpanChunk* c) { return now_ms >= c->freed_ms + kSpanPurgeDelayMs; };
   for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
     if (c->dirty_pages != 0 && expired(c)) purge_chunk(c);
+  purge_over_limit(now_ms);
   unmap_empty_chunks(expired);
   uint64_t due = kNeverMs;
   for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
     if (c->dirty_pages != 0 || chunk_empty(c)) due = std::min(due, c->freed_ms + kSpanPurgeDelayMs);
+  // Left dirty while requests came: due when they stop.
+  if (g_dirty_bytes != 0 && g_last_alloc_ms + kSpanIdleMs > now_ms)
+    due = std::min(due, g_last_alloc_ms + kSpanIdleMs);
   publish();
   return due;
 }

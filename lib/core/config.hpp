@@ -109,6 +109,9 @@ inline constexpr uint64_t kSpanPurgeDelayMs = kPurgeDelayMs;
 // chunks freed into longest ago are purged at once.
 inline constexpr size_t kSpanDirtyFloorBytes = size_t{16} << 20;
 inline constexpr size_t kSpanDirtyLivePercent = 50;
+// ...while a span was asked for within this long; after it, none are kept (the large cache's
+// idleness rule, kLargeCacheIdleMs: mstress's large requests come tens of ms apart).
+inline constexpr uint64_t kSpanIdleMs = kLargeCacheIdleMs;
 
 // Every block is aligned to this (the smallest class is 16 bytes); larger
 // alignments need a class whose size is a multiple of them, or a large block.
