@@ -35,6 +35,7 @@ static_assert(sizeof(SpanChunk) <= kSpanPageBytes);
 os::Mutex g_lock;
 SpanChunk* g_chunks = nullptr;
 size_t g_dirty_bytes = 0;
+uint64_t g_last_alloc_ms = 0;  // the last span_alloc: dirty pages are kept only while they come
 size_t g_live_bytes = 0;
 std::atomic<size_t> g_dirty_seen{0};
 std::atomic<size_t> g_dirty_chunks_seen{0};
@@ -188,13 +189,18 @@ void finish_claims(const Claims& claims) {
   }
 }
 
-size_t dirty_limit_bytes() {
+// The floor and the live share keep freed runs warm for a program that still asks for spans.
+// One that has stopped (its big blocks went out of use with a phase of its work, and die one
+// by one while it allocates small ones) would keep every run freed in the last delay for
+// nobody: up to the floor, 16 MiB, through the soak's small phases.
+size_t dirty_limit_bytes(uint64_t now_ms) {
+  if (now_ms >= g_last_alloc_ms + kSpanIdleMs) return 0;
   return std::max(kSpanDirtyFloorBytes, g_live_bytes / 100 * kSpanDirtyLivePercent);
 }
 
 // Claims the chunks freed into longest ago until the resident free pages are within the limit.
-void claim_over_limit(Claims* claims) {
-  const size_t limit = dirty_limit_bytes();
+void claim_over_limit(Claims* claims, uint64_t now_ms) {
+  const size_t limit = dirty_limit_bytes(now_ms);
   while (g_dirty_bytes > limit && !claims->full()) {
     SpanChunk* oldest = nullptr;
     for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
@@ -307,6 +313,7 @@ LargeHeader* span_alloc(size_t used_bytes) {
   if (os::page_size() != kSpanPageBytes) return nullptr;
   const size_t count = used_bytes >> kSpanPageShift;
   os::LockGuard guard(g_lock);
+  g_last_alloc_ms = os::now_ms();
   SpanChunk* chunk = nullptr;
   size_t first = 0;
   if (!best_fit(count, &chunk, &first)) {
@@ -342,8 +349,9 @@ void span_free(LargeHeader* header) {
   Claims claims;
   {
     os::LockGuard guard(g_lock);
-    give_pages(chunk, first, header->reserve_bytes >> kSpanPageShift, os::now_ms());
-    claim_over_limit(&claims);
+    const uint64_t now = os::now_ms();
+    give_pages(chunk, first, header->reserve_bytes >> kSpanPageShift, now);
+    claim_over_limit(&claims, now);
     publish();
   }
   purge_and_finish(&claims);
@@ -380,8 +388,9 @@ void span_shrink(LargeHeader* header, size_t new_used) {
   Claims claims;
   {
     os::LockGuard guard(g_lock);
-    give_pages(chunk, new_end, count, os::now_ms());
-    claim_over_limit(&claims);
+    const uint64_t now = os::now_ms();
+    give_pages(chunk, new_end, count, now);
+    claim_over_limit(&claims, now);
     publish();
   }
   purge_and_finish(&claims);
@@ -399,12 +408,16 @@ bool span_trim() {
 uint64_t span_purge_expired(uint64_t now_ms) {
   // A free may come after now_ms was read: it is not due.
   const auto expired = [now_ms](const SpanChunk* c) { return now_ms >= c->freed_ms + kSpanPurgeDelayMs; };
-  purge_chunks(expired);
+  // Runs kept warm for requests that have stopped go too: the limit is zero then.
+  purge_chunks([&](const SpanChunk* c) { return expired(c) || dirty_limit_bytes(now_ms) == 0; });
   os::LockGuard guard(g_lock);
   unmap_empty_chunks(expired);
   uint64_t due = kNeverMs;
   for (SpanChunk* c = g_chunks; c != nullptr; c = c->next)
     if (c->dirty_pages != 0 || chunk_empty(c)) due = std::min(due, c->freed_ms + kSpanPurgeDelayMs);
+  // Left dirty while requests came: due when they stop.
+  if (g_dirty_bytes != 0 && g_last_alloc_ms + kSpanIdleMs > now_ms)
+    due = std::min(due, g_last_alloc_ms + kSpanIdleMs);
   publish();
   return due;
 }

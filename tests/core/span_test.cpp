@@ -230,4 +230,21 @@ TEST_F(Span, PurgesBesideAllocatingThreadsLeaveBlocksIntact) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// A program whose big blocks went out of use frees them while it asks for none: they go back
+// to the OS as they are freed, under the dirty floor and before the delay, while a block freed
+// soon after a request stays resident for the next one.
+TEST_F(Span, BlocksFreedAfterRequestsStoppedAreGivenBackAtOnce) {
+  std::vector<char*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(alloc_filled(1 * kMiB, uint8_t(i)));
+  tray_free(blocks.back());
+  blocks.pop_back();
+  EXPECT_GE(tray_test::stats_now().large.cached_bytes, 1 * kMiB) << "requests still come";
+  ASSERT_EQ(tray_trim(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(tray::kSpanIdleMs + 50));
+  for (char* p : blocks) {
+    tray_free(p);
+    EXPECT_EQ(tray_test::stats_now().large.cached_bytes, 0u) << "nothing asks for spans now";
+  }
+}
+
 }  // namespace
