@@ -3,11 +3,11 @@
 # answers computed once under glibc's malloc, and checks that traymalloc served them: with
 # TRAY_OPTIONS=stats=1 every process prints its statistics to stderr at exit.
 #
-# Usage: preload_programs.sh LIBTRAYMALLOC {python|perl|git|sqlite|sort|all}
+# Usage: preload_programs.sh LIBTRAYMALLOC {python|perl|git|sqlite|sort|compile|archive|all}
 # Exit status: 0 pass, 1 fail, 77 the program is not installed (ctest reports it as skipped).
 set -euo pipefail
 
-readonly programs=(python perl git sqlite sort)
+readonly programs=(python perl git sqlite sort compile archive)
 # shellcheck source-path=SCRIPTDIR source=../support/preload_programs_lib.sh
 source "$(dirname "$0")/../support/preload_programs_lib.sh"
 parse_arguments "$@"
@@ -169,6 +169,68 @@ test_sort() {
   cmp -s "$work/expected" "$work/in-memory" || fail "in-memory sort differs from the reference"
   LC_ALL=C preloaded "$work/merged" sort --parallel=2 -S 8M -T "$work" "${keys[@]}" "$work/input"
   cmp -s "$work/expected" "$work/merged" || fail "external-merge sort differs from the reference"
+}
+
+# The toolchain under traymalloc: make -j2 runs gcc -O2 (cc1, as, collect2, ld: every process
+# preloaded) over 20 C files and a C++ program with templates, iostreams and <regex>, then
+# runs what it built; the program's answer is fixed.
+test_compile() {
+  require make
+  require g++
+  mkdir "$work/src"
+  local i
+  for i in $(seq 1 20); do
+    echo "int f$i(int x) { return x * $i + $((i % 7)); }" >"$work/src/f$i.c"
+  done
+  cat >"$work/src/main.cpp" <<'EOF'
+#include <iostream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+extern "C" int f1(int);
+extern "C" int f7(int);
+extern "C" int f20(int);
+int main() {
+  std::map<std::string, std::vector<int>> table;
+  for (int i = 0; i < 20000; ++i) table[std::to_string(i % 997)].push_back(i);
+  const std::regex repeated("([0-9])\\1");
+  size_t count = 0;
+  for (const auto& [key, values] : table) {
+    if (std::regex_search(key, repeated)) count += values.size();
+  }
+  std::cout << table.size() << " " << count << " " << f1(3) + f7(3) + f20(3) << "\n";
+}
+EOF
+  printf '%s\n' 'OBJECTS = $(patsubst %.c,%.o,$(wildcard f*.c))' \
+    'program: main.o libf.a' $'\tg++ -O2 -o $@ main.o libf.a' \
+    'libf.a: $(OBJECTS)' $'\tar rcs $@ $^' \
+    '%.o: %.c' $'\tgcc -O2 -c $< -o $@' \
+    'main.o: main.cpp' $'\tg++ -O2 -std=c++20 -c $< -o $@' >"$work/src/Makefile"
+  preloaded "$work/out" make -s -j2 -C "$work/src"
+  preloaded "$work/out" "$work/src/program"
+  expect_output "$work/out" "997 3545 91"
+}
+
+# A tree of 300 files through tar, multi-threaded xz, xz -d, gzip and gzip -d, all preloaded in
+# one pipeline, must give back the byte stream tar writes under glibc's malloc.
+test_archive() {
+  require tar
+  require xz
+  require gzip
+  mkdir "$work/tree"
+  local i
+  for i in $(seq 1 300); do
+    mkdir -p "$work/tree/d$((i % 13))"
+    seq "$i" $((i * 37)) >"$work/tree/d$((i % 13))/f$i"
+  done
+  local tar_options=(--sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$work"
+                     -cf - tree)
+  tar "${tar_options[@]}" >"$work/expected"
+  # shellcheck disable=SC2016  # the inner shell expands "$@"
+  preloaded "$work/roundtrip" sh -c 'tar "$@" | xz -T2 -6 | xz -d | gzip -c | gzip -dc' sh \
+    "${tar_options[@]}"
+  cmp -s "$work/expected" "$work/roundtrip" || fail "the tar stream came back changed"
 }
 
 run_requested_program
