@@ -106,7 +106,6 @@ void page_free_run(Heap* heap, Page* page, Block* first, Block* last, uint64_t c
   if (TRAY_UNLIKELY(page->used == 0)) heap_page_event(heap, page);
 }
 
-
 // The two sends that leave the common path, as tail calls out of remote_send: with a call
 // in its body, remote_send saved and restored six registers on every foreign free.
 TRAY_NOINLINE void send_alone(Heap* owner, Page* page, Block* block) {

@@ -242,6 +242,21 @@ bool purge_chunks(Due due) {
   return any;
 }
 
+// Pages a block no longer holds go back to their chunk, and what the dirty limit no longer
+// allows is purged once the lock is let go.
+void give_back(SpanChunk* chunk, size_t first, size_t count) {
+  Claims claims;
+  {
+    os::LockGuard guard(g_lock);
+    const uint64_t now = os::now_ms();
+    give_pages(chunk, first, count, now);
+    claim_over_limit(&claims, now);
+    publish();
+  }
+  purge_and_finish(&claims);
+  purger_notify();
+}
+
 bool chunk_empty(const SpanChunk* chunk) { return chunk->free_pages == kSpanChunkPages - 1; }
 
 void unmap_chunk(SpanChunk* chunk) {
@@ -346,16 +361,7 @@ void span_free(LargeHeader* header) {
   // Every page of the block counts as resident now (an upper bound, as for joined mappings).
   count_sub(g_totals.bytes_large_committed, header->dirty_bytes);
   header->dirty_bytes = 0;
-  Claims claims;
-  {
-    os::LockGuard guard(g_lock);
-    const uint64_t now = os::now_ms();
-    give_pages(chunk, first, header->reserve_bytes >> kSpanPageShift, now);
-    claim_over_limit(&claims, now);
-    publish();
-  }
-  purge_and_finish(&claims);
-  purger_notify();
+  give_back(chunk, first, header->reserve_bytes >> kSpanPageShift);
 }
 
 bool span_grow(LargeHeader* header, size_t new_used) {
@@ -385,16 +391,7 @@ void span_shrink(LargeHeader* header, size_t new_used) {
   count_sub(g_totals.bytes_large_committed, header->dirty_bytes - dirty);
   header->dirty_bytes = dirty;
   header->reserve_bytes = new_used;
-  Claims claims;
-  {
-    os::LockGuard guard(g_lock);
-    const uint64_t now = os::now_ms();
-    give_pages(chunk, new_end, count, now);
-    claim_over_limit(&claims, now);
-    publish();
-  }
-  purge_and_finish(&claims);
-  purger_notify();
+  give_back(chunk, new_end, count);
 }
 
 bool span_trim() {
