@@ -175,6 +175,14 @@ constexpr bool kRemapWorks = false;
 constexpr bool kRemapWorks = true;
 #endif
 
+namespace {
+bool move_to(void* p, size_t old_bytes, size_t new_bytes, int flags, void* target) {
+  count_call(g_calls.mremap);
+  if (!kRemapWorks || inject_fault(kFaultMremap)) return false;
+  return mremap(p, old_bytes, new_bytes, MREMAP_MAYMOVE | MREMAP_FIXED | flags, target) != MAP_FAILED;
+}
+}  // namespace
+
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes) {
   count_call(g_calls.mremap);
   if (!kRemapWorks || inject_fault(kFaultMremap)) return false;
@@ -182,9 +190,27 @@ bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes) {
 }
 
 bool remap_to(void* p, size_t old_bytes, size_t new_bytes, void* target) {
-  count_call(g_calls.mremap);
-  if (!kRemapWorks || inject_fault(kFaultMremap)) return false;
-  return mremap(p, old_bytes, new_bytes, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED;
+  return move_to(p, old_bytes, new_bytes, 0, target);
+}
+
+bool remap_pieces_to(void* p, size_t old_bytes, size_t new_bytes, void* target, size_t piece_bytes) {
+  if (old_bytes <= piece_bytes) return false;  // one piece: remap_to was that call
+  auto* from = static_cast<char*>(p);
+  auto* to = static_cast<char*>(target);
+  const size_t last = old_bytes - piece_bytes;
+  // Every piece but the last leaves its old range mapped and empty behind it: until the last
+  // one has moved, all of the old range is still ours (no other thread can map anything
+  // there), so a refusal can put the moved pieces back. They are copied back, not moved: the
+  // target must stay mapped, since it may lie inside a block (fill_from_cache's target).
+  size_t moved = 0;
+  while (moved < last && move_to(from + moved, piece_bytes, piece_bytes, MREMAP_DONTUNMAP, to + moved))
+    moved += piece_bytes;
+  if (moved == last && move_to(from + last, piece_bytes, piece_bytes + new_bytes - old_bytes, 0, to + last)) {
+    unmap_range(from, last);
+    return true;
+  }
+  memcpy(from, to, moved);
+  return false;
 }
 
 void inject_faults(unsigned kinds, uint64_t first, uint64_t count) {

@@ -45,6 +45,11 @@ bool protect_read_write(void* p, size_t bytes);
 bool remap_in_place(void* p, size_t old_bytes, size_t new_bytes);
 // Moves a mapping onto `target` (a reservation of at least new_bytes), without copying.
 bool remap_to(void* p, size_t old_bytes, size_t new_bytes, void* target);
+// remap_to for a range the kernel holds as several mappings meeting at multiples of
+// piece_bytes from p, which it will not move in one call: a piece at a time, the last one
+// growing. False, with the range as it was (its bytes, not its pages: those already moved are
+// copied back) and the target still mapped, if it refuses any piece or old_bytes is one piece.
+bool remap_pieces_to(void* p, size_t old_bytes, size_t new_bytes, void* target, size_t piece_bytes);
 
 // Fault injection, for tests of the out-of-memory paths: from this call on, the calls of the
 // kinds in `kinds` are counted, and the `first`-th to the (first + count - 1)-th of them (from
