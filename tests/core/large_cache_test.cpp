@@ -113,6 +113,26 @@ TEST(LargeCache, MappingThatCannotGrowStaysCached) {
   tray_free(big);
 }
 
+// A freed block that would push a bigger, older mapping out of a full cache is the one that
+// goes: the cache keeps the more touched pages. Oldest first, the 40 MiB went for the 30 MiB
+// (or, joined, both stayed over the limit).
+TEST(LargeCache, FreedBlockDoesNotDisplaceMoreThanItBrings) {
+  tray_trim();
+  constexpr size_t kOlder = 40 * kMiB;
+  constexpr size_t kNewer = 30 * kMiB;
+  static_assert(kOlder + kNewer > tray::kLargeCacheFloorBytes && kOlder < tray::kLargeCacheFloorBytes);
+  static_assert((kOlder + kNewer) / 100 * tray::kLargeCachePeakPercent < tray::kLargeCacheFloorBytes);
+  void* older = touched_block(kOlder, 0x51);
+  void* newer = touched_block(kNewer, 0x52);
+  ASSERT_NE(older, nullptr);
+  ASSERT_NE(newer, nullptr);
+  tray_free(older);
+  const size_t cached = cached_bytes();
+  ASSERT_GE(cached, kOlder);
+  tray_free(newer);
+  EXPECT_EQ(cached_bytes(), cached) << "the older, bigger mapping was not the one kept";
+}
+
 // Address space the large blocks hold, live or cached or on their way back (the address alone
 // would not tell: the kernel may hand the range to anyone once it is unmapped).
 size_t large_mapped_bytes() { return tray_test::stats_now().large.mapped_bytes; }
