@@ -114,9 +114,11 @@ inline constexpr uint64_t kSpanPurgeDelayMs = kPurgeDelayMs;
 // chunks freed into longest ago are purged at once.
 inline constexpr size_t kSpanDirtyFloorBytes = size_t{16} << 20;
 inline constexpr size_t kSpanDirtyLivePercent = 50;
-// ...while a span was asked for within this long; after it, none are kept (the large cache's
-// idleness rule, kLargeCacheIdleMs: mstress's large requests come tens of ms apart).
-inline constexpr uint64_t kSpanIdleMs = kLargeCacheIdleMs;
+// ...while a span was asked for within this long; after it, none are kept. Shorter than the
+// large cache's kLargeCacheIdleMs: programs that replace spans ask for one every fraction of a
+// millisecond (mstress), while the soak's small phases started with up to 16 MiB kept for the
+// mixed phase's spans, dying one by one, for 150 ms.
+inline constexpr uint64_t kSpanIdleMs = 50;
 // Free runs of span chunks that one holder of the span lock claims for purging: madvise runs
 // after it lets go (as kPoolPurgeClaimsPerRound for the pool).
 inline constexpr size_t kSpanPurgeClaimsPerRound = 16;
