@@ -236,7 +236,22 @@ int thread_id() { return int(gettid()); }
 
 void yield_thread() { sched_yield(); }
 
-const char* env(const char* name) { return getenv(name); }
+namespace {
+// The environment as the loader hands it to constructors. The library is linked -z initfirst,
+// so its constructors run before the C library's, which sets environ only in its own.
+char** g_startup_env = nullptr;
+__attribute__((constructor(101))) void capture_startup_env(int, char**, char** env) {
+  g_startup_env = env;
+}
+}  // namespace
+
+const char* env(const char* name) {
+  if (environ != nullptr || g_startup_env == nullptr) return getenv(name);
+  const size_t length = strlen(name);
+  for (char** entry = g_startup_env; *entry != nullptr; ++entry)
+    if (strncmp(*entry, name, length) == 0 && (*entry)[length] == '=') return *entry + length + 1;
+  return nullptr;
+}
 
 void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
 
