@@ -237,21 +237,23 @@ int thread_id() { return int(gettid()); }
 void yield_thread() { sched_yield(); }
 
 namespace {
-// The environment as the loader hands it to constructors. The library is linked -z initfirst,
-// so its constructors run before the C library's, which sets environ only in its own.
-char** g_startup_env = nullptr;
-__attribute__((constructor(101))) void capture_startup_env(int, char**, char** env) {
-  g_startup_env = env;
+// The library is linked -z initfirst, so its constructors run before the C library's, which
+// sets environ and the program's name from what the loader hands every constructor. A
+// dlopen from one of ours (the unwinder, for debug=1, guarded sampling or profiles) would
+// run the C library's first, with no environment and no arguments, for good: the program
+// then saw an empty environment. Setting them first makes that run see what the later one
+// would.
+__attribute__((constructor(101))) void adopt_startup_env(int, char** argv, char** env) {
+  if (environ == nullptr) environ = env;
+  if (argv != nullptr && argv[0] != nullptr && *program_invocation_name == '\0') {
+    program_invocation_name = argv[0];
+    const char* slash = strrchr(argv[0], '/');
+    program_invocation_short_name = slash != nullptr ? const_cast<char*>(slash + 1) : argv[0];
+  }
 }
 }  // namespace
 
-const char* env(const char* name) {
-  if (environ != nullptr || g_startup_env == nullptr) return getenv(name);
-  const size_t length = strlen(name);
-  for (char** entry = g_startup_env; *entry != nullptr; ++entry)
-    if (strncmp(*entry, name, length) == 0 && (*entry)[length] == '=') return *entry + length + 1;
-  return nullptr;
-}
+const char* env(const char* name) { return getenv(name); }
 
 void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
 
@@ -282,6 +284,10 @@ void close_fd(int fd) {
   const int saved = errno;
   close(fd);
   errno = saved;
+}
+
+bool resident_pages(const void* p, size_t bytes, unsigned char* out) {
+  return mincore(const_cast<void*>(p), bytes, out) == 0;
 }
 
 size_t resident_bytes() {
