@@ -76,6 +76,9 @@ void close_fd(int fd);
 // The resident size of the whole process, from /proc/self/statm; 0 if unreadable.
 // Async-signal-safe (open/read/close).
 size_t resident_bytes();
+// Which OS pages of [p, p + bytes) (page-aligned) are in memory: out[i] & 1 for the i-th
+// (mincore). False if the kernel would not say.
+bool resident_pages(const void* p, size_t bytes, unsigned char* out);
 [[noreturn]] void abort_process();
 
 // Signal number for a name such as "SIGUSR1", "USR1" or "10"; 0 if there is no such signal.
