@@ -340,7 +340,6 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
     queue_push_back(heap, page);
   }
   if (page->used == 0) {  // never the head: its extra count keeps it above zero
-    sparse_check_emptied(page);
     const size_t bytes = size_t(page->unit_count) * kUnitBytes;
     if (heap->retained_bytes + bytes <= kHeapRetainedBytes || debug_mode()) {
       page->retained = true;

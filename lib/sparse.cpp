@@ -1,5 +1,7 @@
 #include "sparse.hpp"
 
+#include <cstring>
+
 #include "core/assert.hpp"
 #include "core/bits.hpp"
 #include "core/config.hpp"
@@ -155,7 +157,9 @@ bool scrub_page(Page* page, Geometry g) {
     size_t end = p + 1;
     while (end < whole_os_pages && merged.test(end) && !purged.test(end)) ++end;
     const size_t bytes = (end - p) * g.os_page;
-    os::purge(page->blocks + p * g.os_page, bytes);
+    // Where the OS keeps the pages (locked memory), they must still read as zero for
+    // check_given_back_untouched.
+    if (!os::purge(page->blocks + p * g.os_page, bytes)) std::memset(page->blocks + p * g.os_page, 0, bytes);
     count_add(g_totals.bytes_purged, bytes);
     count_add(g_totals.bytes_decommitted, bytes);
     p = end;
@@ -276,19 +280,15 @@ bool sparse_refill(Page* page) {
   return true;
 }
 
-void sparse_check_emptied(const Page* page) {
-  if (!kReleaseChecks || !any_given_back(page)) return;
-  const Geometry g = geometry();
-  if (g.per_unit == 0) return;
-  bool any;
-  const OsPageSet purged = load_purged(page, g, &any);
-  if (!any) return;
-  for (const Block* b = page->free; b != nullptr; b = b->next) check_not_given_back(page, b, g, purged);
-}
-
 void sparse_forget(Page* page) {
+  if (!any_given_back(page)) return;
   const Geometry g = geometry();
   if (g.per_unit == 0) return;
+  if (kReleaseChecks) {
+    bool any;
+    const OsPageSet purged = load_purged(page, g, &any);
+    for (const Block* b = page->free; b != nullptr; b = b->next) check_not_given_back(page, b, g, purged);
+  }
   count_sub(g_totals.bytes_decommitted, purged_bytes(page, g));
   uint16_t* words = purged_words(page);
   for (unsigned u = 0; u < page->unit_count; ++u) words[u] = 0;
