@@ -86,10 +86,10 @@ bool inject_fault(unsigned kind) {
   return true;
 }
 
-void* map_with(size_t bytes, int prot) {
+void* map_with(size_t bytes, int prot, int flags = MAP_NORESERVE) {
   count_call(g_calls.mmap);
   if (inject_fault(kFaultMmap)) return nullptr;
-  void* p = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
 
@@ -101,11 +101,11 @@ void unmap_range(void* p, size_t bytes) {
 // Over-map by `alignment` and cut the excess off both ends: three system calls, but segments
 // and large blocks are mapped rarely, and the result never depends on address hints (which
 // sanitizer runtimes reserve for themselves).
-void* map_aligned_with(size_t bytes, size_t alignment, int prot) {
-  if (alignment <= page_size()) return map_with(bytes, prot);
+void* map_aligned_with(size_t bytes, size_t alignment, int prot, int flags) {
+  if (alignment <= page_size()) return map_with(bytes, prot, flags);
   const size_t padded = bytes + alignment;
   if (padded < bytes) return nullptr;
-  auto* raw = static_cast<char*>(map_with(padded, prot));
+  auto* raw = static_cast<char*>(map_with(padded, prot, flags));
   if (raw == nullptr) return nullptr;
   const uintptr_t start = align_up(reinterpret_cast<uintptr_t>(raw), alignment);
   auto* aligned = reinterpret_cast<char*>(start);
@@ -122,12 +122,16 @@ void* map(size_t bytes) { return map_with(bytes, PROT_READ | PROT_WRITE); }
 
 void* map_read_only(size_t bytes) { return map_with(bytes, PROT_READ); }
 
+// Without MAP_NORESERVE: memory that will be written is charged as glibc's is, so the
+// kernel's overcommit policy refuses a request no machine could back (malloc of 1 TiB is NULL
+// and ENOMEM under the default heuristic, as with glibc, instead of a mapping that gets the
+// program killed when it is touched).
 void* map_aligned(size_t bytes, size_t alignment) {
-  return map_aligned_with(bytes, alignment, PROT_READ | PROT_WRITE);
+  return map_aligned_with(bytes, alignment, PROT_READ | PROT_WRITE, 0);
 }
 
 void* reserve_aligned(size_t bytes, size_t alignment) {
-  return map_aligned_with(bytes, alignment, PROT_NONE);
+  return map_aligned_with(bytes, alignment, PROT_NONE, MAP_NORESERVE);
 }
 
 void unmap(void* p, size_t bytes) {

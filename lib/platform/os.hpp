@@ -26,7 +26,8 @@ extern CallCounts g_calls;
 void* map(size_t bytes);
 // Anonymous read-only mapping of `bytes` (zeros, never charged to the commit limit), or nullptr.
 void* map_read_only(size_t bytes);
-// Read-write mapping whose start is a multiple of `alignment` (a power of two >= page size).
+// Read-write mapping whose start is a multiple of `alignment` (a power of two >= page size),
+// charged to the commit limit (the kernel may refuse what it could never back).
 void* map_aligned(size_t bytes, size_t alignment);
 // Address space only (no access), aligned like map_aligned: a landing place for remap_to.
 void* reserve_aligned(size_t bytes, size_t alignment);
