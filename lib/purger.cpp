@@ -45,14 +45,13 @@ uint64_t stats_due(uint64_t now) {
   return g_next_dump_ms;
 }
 
-// One pass over everything that waits on a delay, oldest deadlines first out: the next
+// One pass over the memory that waits on a delay, oldest deadlines first out: the next
 // deadline, kNeverMs if nothing waits. Parked heaps go first: the pages they give back wait in
-// the pool like any other.
+// the pool like any other. Safe beside another thread's pass (app threads run parts of it).
 uint64_t purge_pass(uint64_t now) {
   uint64_t due = heap_collect_idle();
   due = std::min(due, segment_purge_expired(now));
-  due = std::min(due, large_purge_expired(now));
-  return std::min(due, stats_due(now));
+  return std::min(due, large_purge_expired(now));
 }
 
 // Ends the thread (true) after kPurgerIdleExitMs with nothing to do. Linux ends a process when
@@ -63,9 +62,10 @@ uint64_t purge_pass(uint64_t now) {
 // after the state changes sees it, and the thread stays, unless a new one is wanted already.
 bool retire() {
   g_purger_state.store(PurgerState::kNone, std::memory_order_seq_cst);
-  // A notifier that wins this exchange is waking the thread for work it left.
+  // A notifier that wins this exchange is waking the thread for work it left. The last pass
+  // may run beside a new thread's first: it leaves the dump schedule, that thread's, alone.
   bool stay = !g_sleeping.exchange(false, std::memory_order_seq_cst);
-  if (!stay) stay = purge_pass(os::now_ms()) != kNeverMs;
+  if (!stay) stay = purge_pass(os::now_ms()) != kNeverMs || option(Option::kStatsInterval) > 0;
   if (!stay) return true;
   PurgerState expected = PurgerState::kNone;
   return !g_purger_state.compare_exchange_strong(expected, PurgerState::kRunning,
@@ -83,7 +83,7 @@ void purger_main() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint32_t seen = g_wake.load(std::memory_order_relaxed);
     const uint64_t now = os::now_ms();
-    const uint64_t due = purge_pass(now);
+    const uint64_t due = std::min(purge_pass(now), stats_due(now));
     uint64_t timeout_ms = kPurgerIdleExitMs;
     if (due != kNeverMs) {
       g_sleeping.store(false, std::memory_order_relaxed);
