@@ -1,6 +1,7 @@
 // The core's entry points (alloc.hpp) and the prefixed C API (traymalloc.h).
 #include <errno.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "alloc.hpp"
@@ -226,8 +227,11 @@ bool trim_all() noexcept {
 using namespace tray;
 
 namespace {
-bool alignment_is_valid(size_t alignment) {
-  return is_pow2(alignment) && alignment <= kMaxAlignmentBytes;
+// A power of two above what we serve is a valid request we cannot meet: ENOMEM, as POSIX and
+// glibc answer it; EINVAL is for alignments that are not powers of two.
+int alignment_error(size_t alignment) {
+  if (!is_pow2(alignment)) return EINVAL;
+  return alignment > kMaxAlignmentBytes ? ENOMEM : 0;
 }
 }  // namespace
 
@@ -250,15 +254,16 @@ TRAY_EXPORT void* tray_reallocarray(void* ptr, size_t count, size_t size) {
 }
 
 TRAY_EXPORT void* tray_aligned_alloc(size_t alignment, size_t size) {
-  if (!alignment_is_valid(alignment)) {
-    errno = EINVAL;
+  if (const int error = alignment_error(alignment); error != 0) {
+    errno = error;
     return nullptr;
   }
   return alloc_aligned(size, alignment, false);
 }
 
 TRAY_EXPORT int tray_posix_memalign(void** out, size_t alignment, size_t size) {
-  if (!alignment_is_valid(alignment) || alignment < sizeof(void*)) return EINVAL;
+  if (alignment < sizeof(void*)) return EINVAL;
+  if (const int error = alignment_error(alignment); error != 0) return error;
   const int saved = errno;
   void* p = alloc_aligned(size, alignment, false);
   errno = saved;  // posix_memalign reports through its result, not errno
@@ -268,11 +273,16 @@ TRAY_EXPORT int tray_posix_memalign(void** out, size_t alignment, size_t size) {
 }
 
 TRAY_EXPORT void* tray_memalign(size_t alignment, size_t size) {
-  if (alignment > kMaxAlignmentBytes) {
+  // glibc's: no power of two to round up to is EINVAL, one too big to serve ENOMEM.
+  if (alignment > SIZE_MAX / 2 + 1) {
     errno = EINVAL;
     return nullptr;
   }
   if (!is_pow2(alignment)) alignment = alignment == 0 ? 1 : std::bit_ceil(alignment);
+  if (alignment > kMaxAlignmentBytes) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   return alloc_aligned(size, alignment, false);
 }
 

@@ -24,6 +24,10 @@
 
 namespace tray {
 
+// A block of an OS page the sparse pass gave back (sparse.cpp) found written or on a free
+// list: freed again after its key went with the page, or written after its free.
+[[noreturn]] TRAY_COLD void report_sparse_block_reused(const void* block, const Page* page);
+
 #if TRAY_FREE_KEY_CHECK
 [[noreturn]] TRAY_COLD void report_release_double_free(const void* block, const Page* page);
 

@@ -45,10 +45,37 @@ uint64_t stats_due(uint64_t now) {
   return g_next_dump_ms;
 }
 
-// One pass over everything that waits on a delay, oldest deadlines first out; then a sleep
-// until the next deadline, or until purger_notify if nothing waits. Parked heaps go first:
-// the pages they give back wait in the pool like any other.
+// One pass over the memory that waits on a delay, oldest deadlines first out: the next
+// deadline, kNeverMs if nothing waits. Parked heaps go first: the pages they give back wait in
+// the pool like any other. Safe beside another thread's pass (app threads run parts of it).
+uint64_t purge_pass(uint64_t now) {
+  uint64_t due = heap_collect_idle();
+  due = std::min(due, segment_purge_expired(now));
+  return std::min(due, large_purge_expired(now));
+}
+
+// Ends the thread (true) after kPurgerIdleExitMs with nothing to do. Linux ends a process when
+// its last thread ends, not when main's does: a helper that slept on would keep alive, and deaf
+// to the signals it blocks, a program whose own threads have all ended (main leaving through
+// pthread_exit, a child forked by a thread ending that thread). A notifier that saw the thread
+// running did not mark it wanted, and its work may have come after the last pass: one more pass
+// after the state changes sees it, and the thread stays, unless a new one is wanted already.
+bool retire() {
+  g_purger_state.store(PurgerState::kNone, std::memory_order_seq_cst);
+  // A notifier that wins this exchange is waking the thread for work it left. The last pass
+  // may run beside a new thread's first: it leaves the dump schedule, that thread's, alone.
+  bool stay = !g_sleeping.exchange(false, std::memory_order_seq_cst);
+  if (!stay) stay = purge_pass(os::now_ms()) != kNeverMs || option(Option::kStatsInterval) > 0;
+  if (!stay) return true;
+  PurgerState expected = PurgerState::kNone;
+  return !g_purger_state.compare_exchange_strong(expected, PurgerState::kRunning,
+                                                 std::memory_order_acq_rel);
+}
+
+// Passes, each followed by a sleep until the next deadline, or until purger_notify if nothing
+// waits, until it has been idle long enough to end.
 void purger_main() {
+  uint64_t idle_since_ms = kNeverMs;
   for (;;) {
     g_sleeping.store(true, std::memory_order_relaxed);
     // Pairs with the fence in purger_notify: either this pass sees what the notifier left,
@@ -56,16 +83,20 @@ void purger_main() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint32_t seen = g_wake.load(std::memory_order_relaxed);
     const uint64_t now = os::now_ms();
-    uint64_t due = heap_collect_idle();
-    due = std::min(due, segment_purge_expired(now));
-    due = std::min(due, large_purge_expired(now));
-    due = std::min(due, stats_due(now));
-    uint64_t timeout_ms = 0;  // no limit
+    const uint64_t due = std::min(purge_pass(now), stats_due(now));
+    uint64_t timeout_ms = kPurgerIdleExitMs;
     if (due != kNeverMs) {
       g_sleeping.store(false, std::memory_order_relaxed);
+      idle_since_ms = kNeverMs;
       // The clock is coarse: waking a little late is better than waking before the deadline
       // and finding nothing due yet.
       timeout_ms = (due > now ? due - now : 0) + kPurgerLateMs;
+    } else if (idle_since_ms == kNeverMs) {
+      idle_since_ms = now;
+    } else if (now - idle_since_ms >= kPurgerIdleExitMs) {
+      if (retire()) return;
+      idle_since_ms = kNeverMs;
+      continue;
     }
     os::wait_on(g_wake, seen, timeout_ms);
   }

@@ -1,8 +1,11 @@
 #include "sparse.hpp"
 
+#include <cstring>
+
 #include "core/assert.hpp"
 #include "core/bits.hpp"
 #include "core/config.hpp"
+#include "free_key.hpp"
 #include "options.hpp"
 #include "platform/os.hpp"
 #include "segment.hpp"
@@ -13,6 +16,9 @@ namespace tray {
 namespace {
 
 constexpr unsigned kMaxOsPagesPerUnit = 16;  // the width of Segment::sparse_purged
+// The release double-free check's (free_key.hpp) backstop for the blocks whose key went with
+// their OS page.
+constexpr bool kReleaseChecks = TRAY_FREE_KEY_CHECK != 0;
 constexpr size_t kMaxBlocksPerPage = kUnitBytes / kNaturalAlignment;
 constexpr size_t kMaxOsPagesPerPage = kUnitsPerSegment * kMaxOsPagesPerUnit;
 
@@ -88,6 +94,18 @@ size_t purged_bytes(const Page* page, Geometry g) {
   return count * g.os_page;
 }
 
+size_t block_index(const Page* page, const Block* b) {
+  return size_t(reinterpret_cast<const uint8_t*>(b) - page->blocks) / page->block_bytes;
+}
+
+// For a block on `page`'s free list. The blocks of given-back OS pages left the list when
+// their OS page went, and come back only all at once (sparse_refill): one found there was
+// freed since, a second time.
+void check_not_given_back(const Page* page, const Block* b, Geometry g, const OsPageSet& purged) {
+  if (kReleaseChecks && overlaps(purged, block_index(page, b), page->block_bytes, g.os_page))
+    report_sparse_block_reused(b, page);
+}
+
 // Gives back every OS page of the carved part of `page` whose blocks are all free (on the
 // free list, or out already), and rebuilds the free list, in address order, without them.
 // True if any went back.
@@ -100,8 +118,10 @@ bool scrub_page(Page* page, Geometry g) {
   bool any_purged;
   OsPageSet purged = load_purged(page, g, &any_purged);
   BlockSet on_list;
-  for (Block* b = page->free; b != nullptr; b = b->next)
-    on_list.set(size_t(reinterpret_cast<uint8_t*>(b) - page->blocks) / block_bytes);
+  for (Block* b = page->free; b != nullptr; b = b->next) {
+    if (any_purged) check_not_given_back(page, b, g, purged);
+    on_list.set(block_index(page, b));
+  }
 
   OsPageSet merged = purged;
   bool any_new = false;
@@ -137,7 +157,9 @@ bool scrub_page(Page* page, Geometry g) {
     size_t end = p + 1;
     while (end < whole_os_pages && merged.test(end) && !purged.test(end)) ++end;
     const size_t bytes = (end - p) * g.os_page;
-    os::purge(page->blocks + p * g.os_page, bytes);
+    // Where the OS keeps the pages (locked memory), they must still read as zero for
+    // check_given_back_untouched.
+    if (!os::purge(page->blocks + p * g.os_page, bytes)) std::memset(page->blocks + p * g.os_page, 0, bytes);
     count_add(g_totals.bytes_purged, bytes);
     count_add(g_totals.bytes_decommitted, bytes);
     p = end;
@@ -204,18 +226,47 @@ bool sparse_pass(Heap* heap, bool force) {
   return released;
 }
 
-bool sparse_refill(Page* page) {
-  // Nearly every page that runs out never gave an OS page back: a look at its words first,
-  // before a set is built (that cost the mixed batch benchmark 0.8 instructions per pair).
+namespace {
+
+// The OS pages given back read as zero until something writes them, and nothing may: their
+// blocks are on no list. One that is in memory again and not all zero had a block freed a
+// second time (its key went with the page, so free let it through, and malloc handed it out)
+// or written after its free. Checked before those blocks are handed out again, which would
+// give one of them to two owners. Only OS pages in memory are read: the rest are untouched.
+void check_given_back_untouched(const Page* page, Geometry g, const OsPageSet& purged) {
+  const size_t os_pages = size_t(page->capacity) * page->block_bytes / g.os_page;
+  unsigned char resident[kMaxOsPagesPerPage];
+  if (os_pages == 0 || !os::resident_pages(page->blocks, os_pages * g.os_page, resident)) return;
+  for (size_t p = 0; p < os_pages; ++p) {
+    if (!purged.test(p) || (resident[p] & 1) == 0) continue;
+    const auto* words = reinterpret_cast<const uint64_t*>(page->blocks + p * g.os_page);
+    for (size_t w = 0; w < g.os_page / sizeof(uint64_t); ++w) {
+      if (words[w] == 0) continue;
+      const size_t offset = p * g.os_page + w * sizeof(uint64_t);
+      report_sparse_block_reused(page->blocks + offset / page->block_bytes * page->block_bytes, page);
+    }
+  }
+}
+
+// Nearly every page never gave an OS page back: a look at its words, before a set is built
+// (that cost the mixed batch benchmark 0.8 instructions per pair in sparse_refill).
+bool any_given_back(const Page* page) {
   const uint16_t* words = purged_words(page);
   uint16_t given_back = 0;
   for (unsigned u = 0; u < page->unit_count; ++u) given_back = uint16_t(given_back | words[u]);
-  if (given_back == 0) return false;
+  return given_back != 0;
+}
+
+}  // namespace
+
+bool sparse_refill(Page* page) {
+  if (!any_given_back(page)) return false;
   const Geometry g = geometry();
   if (g.per_unit == 0) return false;
   bool any;
   const OsPageSet purged = load_purged(page, g, &any);
   if (!any) return false;
+  if (kReleaseChecks) check_given_back_untouched(page, g, purged);
   const size_t block_bytes = page->block_bytes;
   for (size_t i = page->capacity; i-- > 0;) {
     if (!overlaps(purged, i, block_bytes, g.os_page)) continue;
@@ -230,8 +281,14 @@ bool sparse_refill(Page* page) {
 }
 
 void sparse_forget(Page* page) {
+  if (!any_given_back(page)) return;
   const Geometry g = geometry();
   if (g.per_unit == 0) return;
+  if (kReleaseChecks) {
+    bool any;
+    const OsPageSet purged = load_purged(page, g, &any);
+    for (const Block* b = page->free; b != nullptr; b = b->next) check_not_given_back(page, b, g, purged);
+  }
   count_sub(g_totals.bytes_decommitted, purged_bytes(page, g));
   uint16_t* words = purged_words(page);
   for (unsigned u = 0; u < page->unit_count; ++u) words[u] = 0;

@@ -17,7 +17,9 @@ bool sparse_pass(Heap* heap, bool force);
 // Puts the blocks of the page's given-back OS pages back on its free list; false if it had
 // none. The page's owner, when the page has no other block to give.
 bool sparse_refill(Page* page);
-// The page goes back to the pool: nothing of it is recorded as given back any more.
+// The page goes back to the pool: nothing of it is recorded as given back any more. Stops the
+// program first if a block of a given-back OS page is on its free list: freed twice (its key,
+// which free checks, went with the OS page), it made the page look empty with a block live.
 void sparse_forget(Page* page);
 
 }  // namespace tray

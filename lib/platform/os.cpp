@@ -86,10 +86,10 @@ bool inject_fault(unsigned kind) {
   return true;
 }
 
-void* map_with(size_t bytes, int prot) {
+void* map_with(size_t bytes, int prot, int flags = MAP_NORESERVE) {
   count_call(g_calls.mmap);
   if (inject_fault(kFaultMmap)) return nullptr;
-  void* p = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
 
@@ -101,11 +101,11 @@ void unmap_range(void* p, size_t bytes) {
 // Over-map by `alignment` and cut the excess off both ends: three system calls, but segments
 // and large blocks are mapped rarely, and the result never depends on address hints (which
 // sanitizer runtimes reserve for themselves).
-void* map_aligned_with(size_t bytes, size_t alignment, int prot) {
-  if (alignment <= page_size()) return map_with(bytes, prot);
+void* map_aligned_with(size_t bytes, size_t alignment, int prot, int flags) {
+  if (alignment <= page_size()) return map_with(bytes, prot, flags);
   const size_t padded = bytes + alignment;
   if (padded < bytes) return nullptr;
-  auto* raw = static_cast<char*>(map_with(padded, prot));
+  auto* raw = static_cast<char*>(map_with(padded, prot, flags));
   if (raw == nullptr) return nullptr;
   const uintptr_t start = align_up(reinterpret_cast<uintptr_t>(raw), alignment);
   auto* aligned = reinterpret_cast<char*>(start);
@@ -122,12 +122,16 @@ void* map(size_t bytes) { return map_with(bytes, PROT_READ | PROT_WRITE); }
 
 void* map_read_only(size_t bytes) { return map_with(bytes, PROT_READ); }
 
+// Without MAP_NORESERVE: memory that will be written is charged as glibc's is, so the
+// kernel's overcommit policy refuses a request no machine could back (malloc of 1 TiB is NULL
+// and ENOMEM under the default heuristic, as with glibc, instead of a mapping that gets the
+// program killed when it is touched).
 void* map_aligned(size_t bytes, size_t alignment) {
-  return map_aligned_with(bytes, alignment, PROT_READ | PROT_WRITE);
+  return map_aligned_with(bytes, alignment, PROT_READ | PROT_WRITE, 0);
 }
 
 void* reserve_aligned(size_t bytes, size_t alignment) {
-  return map_aligned_with(bytes, alignment, PROT_NONE);
+  return map_aligned_with(bytes, alignment, PROT_NONE, MAP_NORESERVE);
 }
 
 void unmap(void* p, size_t bytes) {
@@ -262,6 +266,23 @@ int thread_id() { return int(gettid()); }
 
 void yield_thread() { sched_yield(); }
 
+namespace {
+// The library is linked -z initfirst, so its constructors run before the C library's, which
+// sets environ and the program's name from what the loader hands every constructor. A
+// dlopen from one of ours (the unwinder, for debug=1, guarded sampling or profiles) would
+// run the C library's first, with no environment and no arguments, for good: the program
+// then saw an empty environment. Setting them first makes that run see what the later one
+// would.
+__attribute__((constructor(101))) void adopt_startup_env(int, char** argv, char** env) {
+  if (environ == nullptr) environ = env;
+  if (argv != nullptr && argv[0] != nullptr && *program_invocation_name == '\0') {
+    program_invocation_name = argv[0];
+    const char* slash = strrchr(argv[0], '/');
+    program_invocation_short_name = slash != nullptr ? const_cast<char*>(slash + 1) : argv[0];
+  }
+}
+}  // namespace
+
 const char* env(const char* name) { return getenv(name); }
 
 void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
@@ -293,6 +314,10 @@ void close_fd(int fd) {
   const int saved = errno;
   close(fd);
   errno = saved;
+}
+
+bool resident_pages(const void* p, size_t bytes, unsigned char* out) {
+  return mincore(const_cast<void*>(p), bytes, out) == 0;
 }
 
 size_t resident_bytes() {

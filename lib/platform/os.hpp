@@ -26,7 +26,8 @@ extern CallCounts g_calls;
 void* map(size_t bytes);
 // Anonymous read-only mapping of `bytes` (zeros, never charged to the commit limit), or nullptr.
 void* map_read_only(size_t bytes);
-// Read-write mapping whose start is a multiple of `alignment` (a power of two >= page size).
+// Read-write mapping whose start is a multiple of `alignment` (a power of two >= page size),
+// charged to the commit limit (the kernel may refuse what it could never back).
 void* map_aligned(size_t bytes, size_t alignment);
 // Address space only (no access), aligned like map_aligned: a landing place for remap_to.
 void* reserve_aligned(size_t bytes, size_t alignment);
@@ -81,6 +82,9 @@ void close_fd(int fd);
 // The resident size of the whole process, from /proc/self/statm; 0 if unreadable.
 // Async-signal-safe (open/read/close).
 size_t resident_bytes();
+// Which OS pages of [p, p + bytes) (page-aligned) are in memory: out[i] & 1 for the i-th
+// (mincore). False if the kernel would not say.
+bool resident_pages(const void* p, size_t bytes, unsigned char* out);
 [[noreturn]] void abort_process();
 
 // Signal number for a name such as "SIGUSR1", "USR1" or "10"; 0 if there is no such signal.

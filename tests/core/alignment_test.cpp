@@ -29,14 +29,37 @@ std::vector<size_t> alignments_up_to(size_t largest) {
 const size_t kSweepSizes[] = {1, 7, 64, 100, 4096, 70000, 200000, 5 * kMiB};
 
 TEST(Alignment, PosixMemalignRejectsInvalidAlignments) {
-  // Not powers of two, powers of two below sizeof(void*), and above the limit.
-  const size_t invalid[] = {0, 3, 24, 48, 1000, 1, 2, 4, TRAY_MAX_ALIGNMENT * 2, SIZE_MAX / 2 + 1};
+  // Not powers of two, powers of two below sizeof(void*).
+  const size_t invalid[] = {0, 3, 24, 48, 1000, 1, 2, 4, TRAY_MAX_ALIGNMENT + 8, SIZE_MAX};
   for (size_t alignment : invalid) {
     void* untouched = reinterpret_cast<void*>(uintptr_t{0x1234});
     void* out = untouched;
     EXPECT_EQ(tray_posix_memalign(&out, alignment, 64), EINVAL) << alignment;
     EXPECT_EQ(out, untouched) << alignment;
   }
+}
+
+// POSIX: a power of two multiple of sizeof(void*) is valid; one we cannot serve is ENOMEM.
+TEST(Alignment, PowersOfTwoAboveTheLimitAreOutOfMemoryNotInvalid) {
+  for (size_t alignment : {TRAY_MAX_ALIGNMENT * 2, size_t{1} << 40, SIZE_MAX / 2 + 1}) {
+    void* untouched = reinterpret_cast<void*>(uintptr_t{0x1234});
+    void* out = untouched;
+    EXPECT_EQ(tray_posix_memalign(&out, alignment, 64), ENOMEM) << alignment;
+    EXPECT_EQ(out, untouched) << alignment;
+    errno = 0;
+    EXPECT_EQ(tray_aligned_alloc(alignment, 64), nullptr) << alignment;
+    EXPECT_EQ(errno, ENOMEM) << alignment;
+    errno = 0;
+    EXPECT_EQ(tray_memalign(alignment, 64), nullptr) << alignment;
+    EXPECT_EQ(errno, ENOMEM) << alignment;
+  }
+  // memalign rounds up: to a power of two too big to serve, or to none at all.
+  errno = 0;
+  EXPECT_EQ(tray_memalign(TRAY_MAX_ALIGNMENT + 8, 64), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  errno = 0;
+  EXPECT_EQ(tray_memalign(SIZE_MAX, 64), nullptr);
+  EXPECT_EQ(errno, EINVAL);
 }
 
 TEST(Alignment, PosixMemalignOfAnImpossibleSizeFailsWithEnomem) {
@@ -87,8 +110,7 @@ TEST(Alignment, AlignmentsBeyondASegmentWork) {
 }
 
 TEST(Alignment, AlignedAllocRejectsAlignmentsThatAreNotPowersOfTwo) {
-  for (size_t alignment : {size_t{0}, size_t{3}, size_t{24}, size_t{100}, TRAY_MAX_ALIGNMENT + 8,
-                           TRAY_MAX_ALIGNMENT * 2}) {
+  for (size_t alignment : {size_t{0}, size_t{3}, size_t{24}, size_t{100}, TRAY_MAX_ALIGNMENT + 8}) {
     errno = 0;
     EXPECT_EQ(tray_aligned_alloc(alignment, 64), nullptr) << alignment;
     EXPECT_EQ(errno, EINVAL) << alignment;

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -65,6 +66,26 @@ TEST(Api, ImpossibleRequestsFailWithEnomem) {
   for (size_t size : {SIZE_MAX, SIZE_MAX - 4096, size_t{1} << 62, size_t(PTRDIFF_MAX)}) {
     errno = 0;
     EXPECT_EQ(tray_malloc(size), nullptr) << size;
+    EXPECT_EQ(errno, ENOMEM) << size;
+  }
+}
+
+// Under the kernel's default overcommit policy (heuristic), a request no machine here could
+// back is refused, as glibc's are: NULL and ENOMEM, not a mapping whose first touches get the
+// program killed. 32 TiB is below kMaxRequestBytes, so the kernel is what says no.
+TEST(Api, RequestsTheKernelCouldNeverBackFailWithEnomem) {
+  FILE* policy = std::fopen("/proc/sys/vm/overcommit_memory", "r");
+  if (policy == nullptr) GTEST_SKIP() << "no overcommit policy to read";
+  int mode = -1;
+  const int read = std::fscanf(policy, "%d", &mode);
+  std::fclose(policy);
+  if (read != 1 || mode == 1) GTEST_SKIP() << "overcommit_memory=" << mode << " backs anything";
+  for (size_t size : {size_t{1} << 45, (size_t{1} << 44) + 12345}) {
+    errno = 0;
+    EXPECT_EQ(tray_malloc(size), nullptr) << size;
+    EXPECT_EQ(errno, ENOMEM) << size;
+    errno = 0;
+    EXPECT_EQ(tray_calloc(size / 16, 16), nullptr) << size;
     EXPECT_EQ(errno, ENOMEM) << size;
   }
 }

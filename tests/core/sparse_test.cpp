@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "free_key.hpp"
 #include "size_classes.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
@@ -147,5 +148,66 @@ TEST(Sparse, IdleHeadPageGivesBackItsFreeOsPages) {
     tray_free(held[0].p);
   }).join();
 }
+
+#if TRAY_FREE_KEY_CHECK
+// A block of an OS page the pass gave back has lost its free key with the page: a second free
+// of it passes free's check. What comes after must catch it before the block has two owners.
+class SparseDoubleFreeDeath : public testing::Test {
+ protected:
+  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+
+  // Blocks of one OS page each (16 to a page), one in `keep_every` kept, the rest freed and
+  // given back by a trim; then a freed one is freed again.
+  static void free_a_given_back_block_again(size_t keep_every) {
+    std::vector<void*> all(kCount);
+    for (void*& p : all) {
+      p = tray_malloc(kSize);
+      std::memset(p, 0x11, kSize);
+    }
+    for (size_t i = 0; i < kCount; ++i)
+      if (i % keep_every != 0) tray_free(all[i]);
+    if (tray_trim() != 1) std::abort();
+    tray_free(all[1]);
+  }
+
+  static constexpr size_t kSize = 4096;
+  static constexpr size_t kCount = 2048;
+};
+
+constexpr char kGivenBackMessage[] =
+    "traymalloc: double free of 0x[0-9a-f]+ \\(size class 4096 B\\), or a write after free: its "
+    "OS page had been given back";
+
+TEST_F(SparseDoubleFreeDeath, CaughtOnTheFreeListAtTheNextPass) {
+  EXPECT_DEATH(
+      {
+        free_a_given_back_block_again(8);
+        tray_trim();
+      },
+      kGivenBackMessage);
+}
+
+// One live block per page: the second free counts the page empty, with that block still live;
+// caught before the page goes back to the pool (the trim's).
+TEST_F(SparseDoubleFreeDeath, CaughtBeforeAPageItMadeLookEmptyGoesBack) {
+  EXPECT_DEATH(
+      {
+        free_a_given_back_block_again(16);
+        tray_trim();
+      },
+      kGivenBackMessage);
+}
+
+TEST_F(SparseDoubleFreeDeath, CaughtBeforeItsPageHandsItOutASecondTime) {
+  EXPECT_DEATH(
+      {
+        free_a_given_back_block_again(8);
+        // The block is handed out from its page's free list, then its page runs out and brings
+        // back the blocks of its given-back OS pages, that one among them.
+        for (size_t i = 0; i < kCount; ++i) std::memset(tray_malloc(kSize), 0x5a, kSize);
+      },
+      kGivenBackMessage);
+}
+#endif
 
 }  // namespace

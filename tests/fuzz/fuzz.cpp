@@ -284,8 +284,9 @@ void run(Input& in) {
         errno = 0;
         void* p = tray_aligned_alloc(alignment, size);
         const int error = errno;
-        const bool valid = alignment != 0 && (alignment & (alignment - 1)) == 0 && alignment <= TRAY_MAX_ALIGNMENT;
-        if (!valid) expect_failure(p, error, EINVAL, size);
+        const bool pow2 = alignment != 0 && (alignment & (alignment - 1)) == 0;
+        if (!pow2) expect_failure(p, error, EINVAL, size);
+        else if (alignment > TRAY_MAX_ALIGNMENT) expect_failure(p, error, ENOMEM, size);
         else install(i, p, error, size, alignment, false, seed);
         break;
       }
@@ -297,17 +298,18 @@ void run(Input& in) {
         const int saved = errno = 12345;
         const int result = tray_posix_memalign(&out, alignment, size);
         if (errno != saved) mismatch("posix_memalign changed errno", size, size_t(errno));
-        const bool valid = (alignment & (alignment - 1)) == 0 && alignment >= sizeof(void*) &&
-                           alignment <= TRAY_MAX_ALIGNMENT;
+        const bool valid = (alignment & (alignment - 1)) == 0 && alignment >= sizeof(void*);
         if (result != 0) {
           if (out != untouched) mismatch("posix_memalign set *out on failure", size, 0);
           if (!valid) {
             if (result != EINVAL) mismatch("posix_memalign: bad alignment without EINVAL", alignment, size_t(result));
+          } else if (alignment > TRAY_MAX_ALIGNMENT) {
+            if (result != ENOMEM) mismatch("posix_memalign: alignment beyond the limit without ENOMEM", alignment, size_t(result));
           } else {
             install(i, nullptr, result, size, alignment, false, seed);
           }
         } else {
-          if (!valid) mismatch("posix_memalign accepted a bad alignment", alignment, size);
+          if (!valid || alignment > TRAY_MAX_ALIGNMENT) mismatch("posix_memalign accepted a bad alignment", alignment, size);
           install(i, out, 0, size, alignment, false, seed);
         }
         break;
@@ -318,13 +320,17 @@ void run(Input& in) {
         errno = 0;
         void* p = tray_memalign(alignment, size);
         const int error = errno;
-        if (alignment > TRAY_MAX_ALIGNMENT) {
+        if (alignment > SIZE_MAX / 2 + 1) {
           expect_failure(p, error, EINVAL, size);
           break;
         }
         // glibc's memalign rounds an alignment that is not a power of two up to one
         size_t promised = 1;
         while (promised < alignment) promised <<= 1;
+        if (promised > TRAY_MAX_ALIGNMENT) {
+          expect_failure(p, error, ENOMEM, size);
+          break;
+        }
         install(i, p, error, size, promised, false, seed);
         break;
       }
