@@ -105,7 +105,14 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   }
   heap_exchange_remote();
   void* p = large_alloc(size, alignment, zero);
-  return p != nullptr ? p : out_of_memory();
+  // The OS refused a mapping (an address-space limit, strict overcommit): what the caches and
+  // the purger's queue of mappings to unmap hold may be just what it lacks.
+  if (p == nullptr && trim_all()) p = large_alloc(size, alignment, zero);
+  if (p == nullptr) return out_of_memory();
+  // Its free will leave memory to give back, and frees may not start the purger.
+  purger_expect();
+  purger_poll();
+  return p;
 }
 
 void free_slow(void* p) noexcept {
@@ -130,7 +137,6 @@ void free_slow(void* p) noexcept {
   if (header != nullptr && header->user == p) {
     if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
     large_free(header);
-    purger_poll();  // a program that only frees large blocks starts the purger here
   } else {
     count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
   }

@@ -346,7 +346,6 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
       heap->retained_bytes += bytes;
     } else {
       release_page(heap, page);
-      purger_poll();  // the page is gone and no lock is held
     }
   }
 }

@@ -4,8 +4,12 @@
 // the next trip to the page pool, which a program that has gone quiet never makes.
 //
 // It starts lazily: whoever leaves something to purge (or sets stats_interval) marks it as
-// wanted, and the next allocator slow path that holds no lock and has its heap in order starts
-// it, since creating a thread allocates. Option purge_thread=0 keeps it from ever starting.
+// wanted, and the next allocation slow path that holds no lock and has its heap in order starts
+// it, since creating a thread allocates. Never a free: glibc frees a finished thread's TLS
+// while it holds the lock on its stack cache (pthread_join), which pthread_create takes too, so
+// a free that started a thread there would wait on itself for good. A large allocation marks
+// it wanted at once, so that a program that frees its large blocks and goes quiet has it
+// running. Option purge_thread=0 keeps it from ever starting.
 // A forked child has no such thread; it is marked as wanted there and starts again the same way.
 #pragma once
 
@@ -45,6 +49,14 @@ struct PurgerHold {
   PurgerHold& operator=(const PurgerHold&) = delete;
 };
 
+// A large block exists: its free will leave memory to give back.
+TRAY_INLINE void purger_expect() {
+  PurgerState state = g_purger_state.load(std::memory_order_relaxed);
+  if (state == PurgerState::kNone)
+    g_purger_state.compare_exchange_strong(state, PurgerState::kWanted, std::memory_order_relaxed);
+}
+
+// Starts the purger if it is wanted: on allocation slow paths only (see above).
 TRAY_INLINE void purger_poll() {
   if (TRAY_UNLIKELY(g_purger_state.load(std::memory_order_relaxed) == PurgerState::kWanted) &&
       tls_purger_holds == 0)

@@ -125,6 +125,10 @@ Segment* segment_map_new() {
   count_add(g_totals.segments_mapped, 1);
   count_add(g_totals.bytes_mapped, kSegmentBytes);
   count_add(g_totals.bytes_decommitted, kSegmentBytes - kUnitBytes);  // untouched so far
+  // Pages freed later will need the purger, and frees may not start it: the allocation that
+  // mapped this will. Not for the first segment, which the loader's first allocation may map
+  // before the C library could start a thread.
+  if (g_totals.segments_mapped.load(std::memory_order_relaxed) > 1) purger_expect();
   return s;
 }
 

@@ -126,10 +126,9 @@ TRAY_PUBLIC struct mallinfo mallinfo() noexcept {
 
 // --- memory that is not ours goes back to the C library --------------------------------
 namespace {
-// At load time, before main and before any other library's constructors (-z initfirst):
-// resolving symbols inside malloc would re-enter malloc, and the loader may call us before it
-// can resolve anything.
-__attribute__((constructor(102))) void install_foreign_handlers() {
+// After the C library is initialised and before main: resolving symbols inside malloc would
+// re-enter malloc, and the loader may call us before it can resolve anything.
+__attribute__((constructor(101))) void install_foreign_handlers() {
   ForeignHandlers next{};
   next.free = reinterpret_cast<void (*)(void*)>(os::next_symbol("free"));
   next.realloc = reinterpret_cast<void* (*)(void*, size_t)>(os::next_symbol("realloc"));
@@ -164,7 +163,7 @@ void* next_new(NewKind kind) {
   return fn;
 }
 
-__attribute__((constructor(102))) void resolve_next_new() {
+__attribute__((constructor(101))) void resolve_next_new() {
   for (unsigned kind = 0; kind < kNewKinds; ++kind)
     g_next_new[kind].store(os::next_symbol(kNextNewSymbols[kind]), std::memory_order_release);
 }

@@ -266,23 +266,6 @@ int thread_id() { return int(gettid()); }
 
 void yield_thread() { sched_yield(); }
 
-namespace {
-// The library is linked -z initfirst, so its constructors run before the C library's, which
-// sets environ and the program's name from what the loader hands every constructor. A
-// dlopen from one of ours (the unwinder, for debug=1, guarded sampling or profiles) would
-// run the C library's first, with no environment and no arguments, for good: the program
-// then saw an empty environment. Setting them first makes that run see what the later one
-// would.
-__attribute__((constructor(101))) void adopt_startup_env(int, char** argv, char** env) {
-  if (environ == nullptr) environ = env;
-  if (argv != nullptr && argv[0] != nullptr && *program_invocation_name == '\0') {
-    program_invocation_name = argv[0];
-    const char* slash = strrchr(argv[0], '/');
-    program_invocation_short_name = slash != nullptr ? const_cast<char*>(slash + 1) : argv[0];
-  }
-}
-}  // namespace
-
 const char* env(const char* name) { return getenv(name); }
 
 void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }

@@ -1,0 +1,65 @@
+// When the idle purger starts: only on allocation slow paths, never inside a free. glibc frees
+// a finished thread's TLS while it holds the lock on its stack cache (in pthread_join), and
+// pthread_create takes that lock too: a free that started the purger there would wait on
+// itself for good. A large allocation marks the purger wanted and starts it, so a program that
+// frees its large blocks and then goes quiet still has it.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "purger.hpp"
+#include "support.hpp"
+#include "traymalloc.h"
+
+namespace {
+
+using tray::g_purger_state;
+using tray::PurgerState;
+using tray_test::kMiB;
+
+PurgerState purger_state() { return g_purger_state.load(std::memory_order_acquire); }
+
+// Exit codes of the child below: which expectation failed.
+enum ChildResult { kChildOk = 0, kChildNotWanted = 1, kFreeStartedIt = 2, kMallocDidNot = 3 };
+
+TEST(Purger, FreesNeverStartItAndTheNextLargeAllocationDoes) {
+  void* large = tray_malloc(8 * kMiB);  // marks the purger wanted and starts it
+  ASSERT_NE(large, nullptr);
+  if (purger_state() == PurgerState::kOff)
+    GTEST_SKIP() << "no purger thread in this build (debug mode, memcheck or ASan)";
+  ASSERT_EQ(purger_state(), PurgerState::kRunning) << "a large allocation did not start it";
+  // Small blocks enough to fill pages beyond a heap's retained budget, freed in the child: the
+  // pages going back to the pool is where a free used to start the purger.
+  constexpr int kSmallCount = 4096;
+  static void* small[kSmallCount];
+  for (void*& p : small) p = tray_malloc(2048);
+
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The child has no purger thread; it is wanted again (ThreadSanitizer's children do without).
+    if (purger_state() == PurgerState::kOff) _exit(kChildOk);
+    if (purger_state() != PurgerState::kWanted) _exit(kChildNotWanted);
+    for (void* p : small) tray_free(p);
+    tray_free(large);
+    if (purger_state() != PurgerState::kWanted) _exit(kFreeStartedIt);
+    void* again = tray_malloc(6 * kMiB);
+    if (again == nullptr || purger_state() != PurgerState::kRunning) _exit(kMallocDidNot);
+    tray_free(again);
+    _exit(kChildOk);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  EXPECT_NE(WEXITSTATUS(status), kChildNotWanted) << "the child did not want a purger";
+  EXPECT_NE(WEXITSTATUS(status), kFreeStartedIt) << "a free started the purger";
+  EXPECT_NE(WEXITSTATUS(status), kMallocDidNot) << "a large allocation did not start the purger";
+  for (void* p : small) tray_free(p);
+  tray_free(large);
+}
+
+}  // namespace
