@@ -46,7 +46,7 @@ namespace {
 
 // Before any thread can free: frees of memory from before the first allocation (another
 // allocator's, under LD_PRELOAD) read the map too.
-__attribute__((constructor(102))) void unit_map_at_start() { unit_map_reserve(); }
+__attribute__((constructor(101))) void unit_map_at_start() { unit_map_reserve(); }
 
 uintptr_t* unit_map_entries(const Segment* s) {
   return g_unit_map + (reinterpret_cast<uintptr_t>(s) >> kUnitShift);
