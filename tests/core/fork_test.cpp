@@ -190,6 +190,9 @@ int child_runs_a_thread(const BlockSet& parent_blocks) {
 }
 
 TEST(Fork, ChildOfASingleThreadedParentRunsThreads) {
+  // The parent's large blocks would start the purger thread, and the parent would no longer be
+  // single-threaded (ThreadSanitizer then kills a child that starts a thread).
+  ASSERT_EQ(tray_option_set("purge_thread", "0"), 0);
   ASSERT_NO_FATAL_FAILURE(fork_and_check(0, child_runs_a_thread));
 }
 
