@@ -3,7 +3,8 @@
 // that grows takes cached pages instead of faulting in fresh ones; a burst of big blocks freed
 // together stays cached (not unmapped while the program frees) until the idle purger gives it
 // back; a cached mapping that could not be grown for a request is kept, not thrown away; a
-// mapping evicted while the purger runs is unmapped by it at once, not at its next deadline.
+// mapping evicted while the purger runs is unmapped by it at once, not at its next deadline;
+// nobody asking for large blocks empties it after the idle delay, and trim empties it at once.
 #include <sys/resource.h>
 
 #include <gtest/gtest.h>
@@ -13,8 +14,10 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "core/config.hpp"
+#include "large.hpp"
 #include "platform/os.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
@@ -170,6 +173,41 @@ TEST(LargeCache, EvictedMappingUnmappedAtOnce) {
 
 TEST(LargeCache, EvictedMappingFreedByAnotherThreadUnmappedAtOnce) {
   expect_evicted_block_unmapped_soon([](void* p) { std::thread([p] { tray_free(p); }).join(); });
+}
+
+// A burst of big blocks freed at once is held for reuse for a while, and all of it goes back
+// at trim.
+TEST(LargeCache, TrimEmptiesTheCache) {
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(tray_malloc(8 * kMiB));
+    ASSERT_NE(blocks.back(), nullptr);
+    std::memset(blocks.back(), 1, 8 * kMiB);
+  }
+  for (void* p : blocks) tray_free(p);
+  EXPECT_GT(tray_test::stats_now().large.cached_bytes, 0u);
+  tray_trim();
+  EXPECT_EQ(tray_test::stats_now().large.cached_bytes, 0u);
+}
+
+// Big blocks freed while nobody asks for another (a program whose large blocks went out of
+// use) leave the cache kLargeCacheIdleMs after the last request, long before kLargeCacheDelayMs.
+TEST(LargeCache, UnrequestedCacheEmptiesAfterTheIdleDelay) {
+  static_assert(2 * tray::kLargeCacheIdleMs < tray::kLargeCacheDelayMs);
+  tray_trim();
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(tray_malloc(2 * kMiB));
+    ASSERT_NE(blocks.back(), nullptr);
+    std::memset(blocks.back(), 1, 2 * kMiB);
+  }
+  const uint64_t freed_ms = tray::os::now_ms();
+  for (void* p : blocks) tray_free(p);
+  EXPECT_GT(tray_test::stats_now().large.cached_bytes, 0u);
+  // The cache's clock moved on past the idle delay (with slack for the frees themselves), still
+  // short of the full delay. On a loaded machine the idle purger may have got there first.
+  tray::large_purge_expired(freed_ms + 2 * tray::kLargeCacheIdleMs);
+  EXPECT_EQ(tray_test::stats_now().large.cached_bytes, 0u);
 }
 
 }  // namespace
