@@ -37,6 +37,10 @@ SpanChunk* g_chunks = nullptr;
 size_t g_dirty_bytes = 0;
 uint64_t g_last_alloc_ms = 0;  // the last span_alloc: dirty pages are kept only while they come
 size_t g_live_bytes = 0;
+// The most live span bytes since g_peak_ms, which moves on (taking the live bytes of the moment)
+// once it is a purge delay old.
+size_t g_peak_live_bytes = 0;
+uint64_t g_peak_ms = 0;
 std::atomic<size_t> g_dirty_seen{0};
 std::atomic<size_t> g_dirty_chunks_seen{0};
 
@@ -193,9 +197,23 @@ void finish_claims(const Claims& claims) {
 // One that has stopped (its big blocks went out of use with a phase of its work, and die one
 // by one while it allocates small ones) would keep every run freed in the last delay for
 // nobody: up to the floor, 16 MiB, through the soak's small phases.
+// Beyond both, what was live at the recent peak and has been freed since: a program that frees
+// its spans together, at the end of a round, finds them warm in the next one, and keeping them
+// makes nothing resident that was not a moment before. (large_realloc frees up to 25 MiB of
+// spans at the end of each round: past the floor they were purged and faulted in again.) A
+// program that replaces spans one by one keeps its live bytes near the peak: nothing more.
 size_t dirty_limit_bytes(uint64_t now_ms) {
   if (now_ms >= g_last_alloc_ms + kSpanIdleMs) return 0;
-  return std::max(kSpanDirtyFloorBytes, g_live_bytes / 100 * kSpanDirtyLivePercent);
+  const size_t freed_since_peak =
+      now_ms < g_peak_ms + kSpanPurgeDelayMs && g_peak_live_bytes > g_live_bytes ? g_peak_live_bytes - g_live_bytes : 0;
+  return std::max(kSpanDirtyFloorBytes, g_live_bytes / 100 * kSpanDirtyLivePercent) + freed_since_peak;
+}
+
+void note_live_peak(uint64_t now_ms) {
+  if (g_live_bytes >= g_peak_live_bytes || now_ms >= g_peak_ms + kSpanPurgeDelayMs) {
+    g_peak_live_bytes = g_live_bytes;
+    g_peak_ms = now_ms;
+  }
 }
 
 // Claims the chunks freed into longest ago until the resident free pages are within the limit.
@@ -337,6 +355,7 @@ LargeHeader* span_alloc(size_t used_bytes) {
     first = 1;
   }
   const size_t touched = take_pages(chunk, first, count, first);
+  note_live_peak(g_last_alloc_ms);
   publish();
   auto* header = reinterpret_cast<LargeHeader*>(base_of(chunk) + first * kSpanPageBytes);
   header->magic = kSpanBlockMagic;
@@ -375,6 +394,7 @@ bool span_grow(LargeHeader* header, size_t new_used) {
   // The taken pages' contents are the block's to overwrite: their touched bytes need no zeroing,
   // and the caller counts the whole grown block as touched.
   take_pages(chunk, end, new_end - end, first);
+  note_live_peak(os::now_ms());
   publish();
   header->reserve_bytes = new_used;
   return true;

@@ -114,8 +114,9 @@ inline constexpr size_t kSpanMaxBytes = kSegmentBytes - kSpanPageBytes;
 // ...whose free pages stay resident this long after the last free into their chunk (blocks
 // replaced in a loop come back within milliseconds; the segments' delay, for the same reason)...
 inline constexpr uint64_t kSpanPurgeDelayMs = kPurgeDelayMs;
-// ...and at most the larger of a floor and a share of the bytes of live span blocks; past it the
-// chunks freed into longest ago are purged at once.
+// ...and at most the larger of a floor and a share of the bytes of live span blocks, plus what
+// was freed since the most live span bytes of the last purge delay; past it the chunks freed
+// into longest ago are purged at once.
 inline constexpr size_t kSpanDirtyFloorBytes = size_t{16} << 20;
 inline constexpr size_t kSpanDirtyLivePercent = 50;
 // ...while a span was asked for within this long; after it, none are kept. Shorter than the

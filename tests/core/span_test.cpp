@@ -167,15 +167,22 @@ TEST_F(Span, TrimGivesBackFreeRunsAndEmptyChunks) {
       << "the empty chunks are unmapped";
 }
 
-// A burst of blocks freed together: at most the dirty limit stays resident at once, and the
-// idle purger gives the rest back once the delay is up, with no call into the allocator.
-TEST_F(Span, ABurstIsGivenBackAfterTheDelay) {
+// A burst of blocks freed together, twice the dirty floor: it stays resident (it was live a
+// moment ago, and a program that frees its blocks at the end of a round asks for them again in
+// the next), and the idle purger gives it back once the delay is up, with no call into the
+// allocator.
+TEST_F(Span, ABurstStaysWarmAndIsGivenBackAfterTheDelay) {
   const size_t count = (tray::kSpanDirtyFloorBytes / kMiB) * 2;
   std::vector<char*> blocks;
   for (size_t i = 0; i < count; ++i) blocks.push_back(alloc_filled(1 * kMiB, uint8_t(i)));
   for (char* p : blocks) tray_free(p);
-  EXPECT_LE(tray_test::stats_now().large.cached_bytes, tray::kSpanDirtyFloorBytes)
-      << "past the limit, free runs are purged as they come";
+  const size_t cached = tray_test::stats_now().large.cached_bytes;
+  // On a loaded machine the purger may have found the delay up already.
+  if (cached != 0) {
+    EXPECT_GE(cached, count * kMiB) << "freed together, the burst stays warm";
+  }
+  EXPECT_LE(cached, tray::kSpanDirtyFloorBytes + count * (kMiB + tray::kSpanPageBytes))
+      << "no more than was live a moment ago, past the floor";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   while (tray_test::stats_now().large.cached_bytes != 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
