@@ -99,6 +99,9 @@ inline constexpr uint64_t kLargeCacheIdleMs = 150;
 // A reused mapping keeps touched pages past the block's end only up to 1/kLargeCacheFitRatio
 // of the block; the rest goes back to the OS.
 inline constexpr size_t kLargeCacheFitRatio = 2;
+// ...and the tails that live blocks keep so, together, only up to 1/kLargeTailLiveRatio of the
+// live large bytes: at a program's peak they are resident beside its blocks for nothing.
+inline constexpr size_t kLargeTailLiveRatio = 5;
 // Mappings evicted from the cache are unmapped by the purger thread while it runs, so that
 // the program's free does not pay for the kernel freeing their pages; at most this many bytes
 // of them wait for it at once (they stay resident until it gets to them), the rest are

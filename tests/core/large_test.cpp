@@ -116,4 +116,35 @@ TEST(Large, ReallocOfReusedMappingsKeepsContents) {
   }
 }
 
+// Blocks that reuse mappings freed by bigger blocks keep the touched pages past their ends
+// (for a bigger block later) only up to a share of the live large bytes: with all of them
+// live, the rest would be resident for nothing. Eight 8 MiB mappings reused for 6 MiB blocks
+// kept 2 MiB each, 16 MiB beside 48 MiB live.
+TEST(Large, TailsOfReusedMappingsStayWithinAShareOfTheLiveBytes) {
+  constexpr size_t kCount = 8;
+  constexpr size_t kBigBytes = 8 * kMiB - 64 * 1024;  // two chunks, nearly all touched
+  constexpr size_t kSmallBytes = 6 * kMiB;            // the tail within the ratio's bound
+  static_assert(kBigBytes - kSmallBytes <= kSmallBytes / tray::kLargeCacheFitRatio);
+  static_assert(kCount * kBigBytes <= tray::kLargeCacheFloorBytes);
+  tray_trim();
+  void* blocks[kCount];
+  for (void*& p : blocks) {
+    p = tray_malloc(kBigBytes);
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 1, kBigBytes);
+  }
+  for (void* p : blocks) tray_free(p);
+  const tray_stats freed = tray_test::stats_now();
+  const size_t others = size_t(freed.committed_bytes - freed.large.cached_bytes);
+  for (void*& p : blocks) {
+    p = tray_malloc(kSmallBytes);
+    ASSERT_NE(p, nullptr);
+  }
+  const tray_stats reused = tray_test::stats_now();
+  const size_t live = size_t(reused.large.live_bytes);
+  const size_t tails = size_t(reused.committed_bytes - reused.large.cached_bytes) - others - live;
+  EXPECT_LE(tails, live / tray::kLargeTailLiveRatio + kCount * tray::os::page_size());
+  for (void* p : blocks) tray_free(p);
+}
+
 }  // namespace
