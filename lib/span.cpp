@@ -199,8 +199,8 @@ void finish_claims(const Claims& claims) {
 // nobody: up to the floor, 16 MiB, through the soak's small phases.
 // Beyond both, what was live at the recent peak and has been freed since: a program that frees
 // its spans together, at the end of a round, finds them warm in the next one, and keeping them
-// makes nothing resident that was not a moment before. (large_realloc frees up to 25 MiB of
-// spans at the end of each round: past the floor they were purged and faulted in again.) A
+// makes nothing resident that was not a moment before. (large_realloc frees all its spans at
+// the end of each round: past the floor they were purged and faulted in again.) A
 // program that replaces spans one by one keeps its live bytes near the peak: nothing more.
 size_t dirty_limit_bytes(uint64_t now_ms) {
   if (now_ms >= g_last_alloc_ms + kSpanIdleMs) return 0;
