@@ -2,9 +2,11 @@
 
 #include <cstddef>
 
+#include "free_key.hpp"
 #include "heap.hpp"
 #include "options.hpp"
 #include "segment.hpp"
+#include "stats.hpp"
 
 namespace tray {
 
@@ -106,6 +108,31 @@ void page_free_run(Heap* heap, Page* page, Block* first, Block* last, uint64_t c
   if (TRAY_UNLIKELY(page->used == 0)) heap_page_event(heap, page);
 }
 
+// Adds block to the bucket, which gathers for its page's owner.
+TRAY_INLINE void bucket_append(RemoteBucket& bucket, Page* page, Block* block) {
+  // In locals: the stores into the block below could alias the bucket, as far as the compiler
+  // knows, and it would load them again.
+  Block* head = bucket.head;
+  const uint32_t count = bucket.count;
+  block->next = head;
+  if (bucket.run_page == page) {  // joins the newest run, and heads it from now on
+    const RunHeader& run = *header_of(head);
+    header_of(block)->last = run.last;
+    header_of(block)->count = run.count + 1;
+  } else {
+    // A run started kRemotePrefetchRuns or more blocks back (or nullptr), named by the new run
+    // and replaced by it.
+    Block*& back = bucket.recent[count & (kRemotePrefetchRuns - 1)];
+    const Room room = room_of(page);
+    start_run(room, block, back);
+    back = block;
+    bucket.run_page = room != Room::kNone ? page : nullptr;
+  }
+  bucket.head = block;
+  bucket.count = count + 1;
+  if (count + 1 == kRemoteBatchBlocks) flush_bucket(bucket);
+}
+
 // The two sends that leave the common path, as tail calls out of remote_send: with a call
 // in its body, remote_send saved and restored six registers on every foreign free.
 TRAY_NOINLINE void send_alone(Heap* owner, Page* page, Block* block) {
@@ -129,27 +156,22 @@ void remote_send(Heap* self, Page* page, Block* block) noexcept {
   if (TRAY_UNLIKELY(self == &g_empty_heap)) return send_alone(owner, page, block);
   RemoteBucket& bucket = bucket_for(self, owner);
   if (TRAY_UNLIKELY(bucket.target != owner)) return send_retargeted(self, page, block);
-  // In locals: the stores into the block below could alias the bucket, as far as the compiler
-  // knows, and it would load them again.
-  Block* head = bucket.head;
-  const uint32_t count = bucket.count;
-  block->next = head;
-  if (bucket.run_page == page) {  // joins the newest run, and heads it from now on
-    const RunHeader& run = *header_of(head);
-    header_of(block)->last = run.last;
-    header_of(block)->count = run.count + 1;
-  } else {
-    // A run started kRemotePrefetchRuns or more blocks back (or nullptr), named by the new run
-    // and replaced by it.
-    Block*& back = bucket.recent[count & (kRemotePrefetchRuns - 1)];
-    const Room room = room_of(page);
-    start_run(room, block, back);
-    back = block;
-    bucket.run_page = room != Room::kNone ? page : nullptr;
-  }
-  bucket.head = block;
-  bucket.count = count + 1;
-  if (count + 1 == kRemoteBatchBlocks) flush_bucket(bucket);
+  bucket_append(bucket, page, block);
+}
+
+// One test covers every unusual case: no bucket is g_prof_heap's (heap_free_remote hands its
+// blocks to prof_free before any send), nor holds a null target where a page has an owner, and
+// a bucket that must change owner goes through remote_send as before. So the common free of
+// another heap's block is one function with no call in it.
+void remote_free(Heap* self, Page* page, Block* block) noexcept {
+  Heap* owner = page->heap;
+  RemoteBucket& bucket = bucket_for(self, owner);
+  if (TRAY_UNLIKELY(bucket.target != owner || has_remote_frees(self)))
+    return heap_free_remote(page, block);
+  free_key_check_and_set(page, block);
+  count_free(self, page);
+  counter_add(self->counters.remote_frees, 1);
+  bucket_append(bucket, page, block);
 }
 
 void remote_flush(Heap* self) noexcept {
