@@ -50,10 +50,12 @@ inline constexpr uint64_t kRunListsNewest = uint64_t{1} << 32;
 enum class Room { kNone, kRun, kAhead };
 // The mode is read as latched, without debug_mode()'s call to decide it: a page with blocks to
 // send exists only after an allocation, which decided it; and a call in remote_send's body
-// made it save and restore registers on every foreign free.
+// made it save and restore registers on every foreign free. A caller that knows debug mode is
+// off (a thread with a heap of its own is not in it) skips the load.
+template <bool kMayDebug = true>
 TRAY_INLINE Room room_of(const Page* page) {
   if (page->block_bytes < offsetof(RunHeader, ahead) ||
-      g_debug_latched.load(std::memory_order_relaxed) > 0)
+      (kMayDebug && g_debug_latched.load(std::memory_order_relaxed) > 0))
     return Room::kNone;
   return page->block_bytes < sizeof(RunHeader) ? Room::kRun : Room::kAhead;
 }
@@ -88,11 +90,8 @@ TRAY_NOINLINE void flush_bucket(RemoteBucket& bucket) {
   bucket = RemoteBucket{};
 }
 
-// Heaps are cache-line aligned and thousands of bytes apart: the bits above the line offset,
-// mixed by a multiplicative hash, spread owners over the buckets.
-RemoteBucket& bucket_for(Heap* self, const Heap* owner) {
-  const uint64_t key = (reinterpret_cast<uintptr_t>(owner) >> 6) * 0x9E3779B97F4A7C15ULL;
-  return self->outgoing[key >> (64 - kRemoteBucketShift)];
+TRAY_INLINE RemoteBucket& bucket_of(Heap* self, const Page* page) {
+  return self->outgoing[page->heap_bucket];
 }
 
 // Puts a run of `count` blocks, first..last, back on its page: page_free_local for many.
@@ -109,6 +108,7 @@ void page_free_run(Heap* heap, Page* page, Block* first, Block* last, uint64_t c
 }
 
 // Adds block to the bucket, which gathers for its page's owner.
+template <bool kMayDebug>
 TRAY_INLINE void bucket_append(RemoteBucket& bucket, Page* page, Block* block) {
   // In locals: the stores into the block below could alias the bucket, as far as the compiler
   // knows, and it would load them again.
@@ -123,7 +123,7 @@ TRAY_INLINE void bucket_append(RemoteBucket& bucket, Page* page, Block* block) {
     // A run started kRemotePrefetchRuns or more blocks back (or nullptr), named by the new run
     // and replaced by it.
     Block*& back = bucket.recent[count & (kRemotePrefetchRuns - 1)];
-    const Room room = room_of(page);
+    const Room room = room_of<kMayDebug>(page);
     start_run(room, block, back);
     back = block;
     bucket.run_page = room != Room::kNone ? page : nullptr;
@@ -141,7 +141,7 @@ TRAY_NOINLINE void send_alone(Heap* owner, Page* page, Block* block) {
 }
 
 TRAY_NOINLINE void send_retargeted(Heap* self, Page* page, Block* block) {
-  RemoteBucket& bucket = bucket_for(self, page->heap);
+  RemoteBucket& bucket = bucket_of(self, page);
   flush_bucket(bucket);
   bucket.target = page->heap;
   bucket.tail = block;
@@ -154,9 +154,9 @@ void remote_send(Heap* self, Page* page, Block* block) noexcept {
   Heap* owner = page->heap;
   // A thread that never allocated has nowhere to gather: the block goes at once, alone.
   if (TRAY_UNLIKELY(self == &g_empty_heap)) return send_alone(owner, page, block);
-  RemoteBucket& bucket = bucket_for(self, owner);
+  RemoteBucket& bucket = bucket_of(self, page);
   if (TRAY_UNLIKELY(bucket.target != owner)) return send_retargeted(self, page, block);
-  bucket_append(bucket, page, block);
+  bucket_append<true>(bucket, page, block);
 }
 
 // One test covers every unusual case: no bucket is g_prof_heap's (heap_free_remote hands its
@@ -165,13 +165,13 @@ void remote_send(Heap* self, Page* page, Block* block) noexcept {
 // another heap's block is one function with no call in it.
 void remote_free(Heap* self, Page* page, Block* block) noexcept {
   Heap* owner = page->heap;
-  RemoteBucket& bucket = bucket_for(self, owner);
+  RemoteBucket& bucket = bucket_of(self, page);
   if (TRAY_UNLIKELY(bucket.target != owner || has_remote_frees(self)))
     return heap_free_remote(page, block);
   free_key_check_and_set(page, block);
   count_free(self, page);
   counter_add(self->counters.remote_frees, 1);
-  bucket_append(bucket, page, block);
+  bucket_append<false>(bucket, page, block);
 }
 
 void remote_flush(Heap* self) noexcept {
