@@ -121,7 +121,7 @@ void set_foreign_handlers(const ForeignHandlers& handlers) noexcept { g_foreign 
 // segments, and pages[0] for free units).
 void free_slow(void* p, Page* page, Heap* self) noexcept {
   if (TRAY_LIKELY(self != &g_empty_heap && page->heap != nullptr))
-    return remote_free(self, page, static_cast<Block*>(p));
+    return remote_free(static_cast<Block*>(p), page, self);
   free_unusual(p);
 }
 

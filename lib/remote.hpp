@@ -13,8 +13,9 @@ namespace tray {
 // a thread without a heap: the block goes at once, alone).
 void remote_send(Heap* self, Page* page, Block* block) noexcept;
 // free() of a block of `page`, owned by another heap, by the thread whose heap is `self` (not
-// &g_empty_heap): the common case whole, the rest through heap_free_remote.
-void remote_free(Heap* self, Page* page, Block* block) noexcept;
+// &g_empty_heap): the common case whole, the rest through heap_free_remote. The arguments in
+// the registers free_slow holds them in.
+void remote_free(Block* block, Page* page, Heap* self) noexcept;
 // An owner that stopped allocating (a thread that filled a table for others and now only
 // waits on them) would otherwise keep what they freed into its stack until it exits: no
 // other thread may take it in, since this one's fast paths write its pages without atomics.
