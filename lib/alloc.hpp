@@ -28,7 +28,9 @@ void set_foreign_handlers(const ForeignHandlers& handlers) noexcept;
 // All noexcept: the override layer is built with exceptions, and a call from a noexcept
 // function to one that might throw could not be a tail call.
 void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept;
-void free_slow(void* p) noexcept;
+// free_slow takes what the fast path already holds, in the registers it holds them in: p's
+// page and the calling thread's heap.
+void free_slow(void* p, Page* page, Heap* self) noexcept;
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept;
 void* alloc_zeroed(size_t count, size_t size) noexcept;
@@ -50,8 +52,10 @@ TRAY_INLINE void* alloc_untracked(size_t size) noexcept {
 }
 
 TRAY_INLINE void dealloc_untracked(void* p) noexcept {
-  if (TRAY_LIKELY(heap_free_own(unit_page_of(p), p))) return;
-  free_slow(p);
+  Page* page = unit_page_of(p);
+  Heap* heap = tls_heap;
+  if (TRAY_LIKELY(heap_free_own(heap, page, p))) return;
+  free_slow(p, page, heap);
 }
 
 // malloc and free. The same fast paths, unless a TRAY_VALGRIND or TRAY_ASAN build tells a tool

@@ -11,6 +11,7 @@
 #include "options.hpp"
 #include "prof.hpp"
 #include "purger.hpp"
+#include "remote.hpp"
 #include "report.hpp"
 #include "sample.hpp"
 #include "size_classes.hpp"
@@ -84,9 +85,45 @@ void* reallocate_by_copy(void* p, size_t size) {
   return fresh;
 }
 
+// Every free the fast path left but one: another heap's block freed by a thread with a heap.
+TRAY_NOINLINE void free_unusual(void* p) {
+  if (p == nullptr) return;
+  if (TRAY_UNLIKELY(debug_mode())) return debug_free(p);
+  // A block of a page with an owner, freed by a thread without a heap (see free_slow).
+  Page* page = unit_page_of(p);
+  if (page->heap != nullptr) return heap_free_remote(page, static_cast<Block*>(p));
+  const uint8_t kind = chunk_kind(p);
+  if (kind == kChunkSegment) {  // inside a segment but in no page: a stale or made-up pointer
+    count_add(g_totals.foreign_frees, 1);
+    return;
+  }
+  if (kind == kChunkForeign) {
+    free_foreign(p);
+    return;
+  }
+  if (kind == kChunkGuard) return guard_free(p);
+  LargeHeader* header = large_mapping_of(p, kind);
+  if (header != nullptr && header->user == p) {
+    if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
+    large_free(header);
+  } else {
+    count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
+  }
+}
+
 }  // namespace
 
 void set_foreign_handlers(const ForeignHandlers& handlers) noexcept { g_foreign = handlers; }
+
+// That one case goes on at once, with no frame built and nothing looked up again: a thread
+// with a heap is not in debug mode (debug mode leaves tls_heap at &g_empty_heap), and only a
+// page with blocks has an owner (the unit map names g_foreign_page for memory outside
+// segments, and pages[0] for free units).
+void free_slow(void* p, Page* page, Heap* self) noexcept {
+  if (TRAY_LIKELY(self != &g_empty_heap && page->heap != nullptr))
+    return remote_free(static_cast<Block*>(p), page, self);
+  free_unusual(p);
+}
 
 void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
@@ -113,33 +150,6 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   purger_expect();
   purger_poll();
   return p;
-}
-
-void free_slow(void* p) noexcept {
-  if (p == nullptr) return;
-  if (TRAY_UNLIKELY(debug_mode())) return debug_free(p);
-  // Another thread's block, the common case here, without asking the chunk map: only a page
-  // with blocks has an owner (the unit map names g_foreign_page for memory outside segments,
-  // and pages[0] for free units).
-  Page* page = unit_page_of(p);
-  if (TRAY_LIKELY(page->heap != nullptr)) return heap_free_remote(page, static_cast<Block*>(p));
-  const uint8_t kind = chunk_kind(p);
-  if (kind == kChunkSegment) {  // inside a segment but in no page: a stale or made-up pointer
-    count_add(g_totals.foreign_frees, 1);
-    return;
-  }
-  if (kind == kChunkForeign) {
-    free_foreign(p);
-    return;
-  }
-  if (kind == kChunkGuard) return guard_free(p);
-  LargeHeader* header = large_mapping_of(p, kind);
-  if (header != nullptr && header->user == p) {
-    if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
-    large_free(header);
-  } else {
-    count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
-  }
 }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {

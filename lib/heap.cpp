@@ -352,16 +352,6 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
 
 namespace {
 
-// An owner that stopped allocating (a thread that filled a table for others and now only
-// waits on them) would otherwise keep what they freed into its stack until it exits: no
-// other thread may take it in, since this one's fast paths write its pages without atomics.
-// Freeing a foreign block is a slow path of its own thread, where taking it in is safe; the
-// load is of a line that senders write once per batch. &g_empty_heap's stack stays empty (no
-// page is its), so a thread without a heap needs no test of its own.
-TRAY_INLINE bool has_remote_frees(const Heap* self) {
-  return self->remote_free.load(std::memory_order_relaxed) != nullptr;
-}
-
 TRAY_NOINLINE void send_and_take_in(Heap* self, Page* page, Block* block) {
   remote_send(self, page, block);
   remote_drain(self);

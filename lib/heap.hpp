@@ -141,9 +141,8 @@ TRAY_INLINE void* heap_alloc_small(size_t size) noexcept {
   return heap_alloc_from(heap, heap_class_of(heap, size), size);
 }
 
-// Frees p into `page` if tls_heap owns it; false (nothing done) otherwise.
-TRAY_INLINE bool heap_free_own(Page* page, void* p) noexcept {
-  Heap* heap = tls_heap;
+// Frees p into `page` if `heap` (tls_heap) owns it; false (nothing done) otherwise.
+TRAY_INLINE bool heap_free_own(Heap* heap, Page* page, void* p) noexcept {
   if (TRAY_LIKELY(page->heap == heap)) {
     free_key_check_and_set(page, static_cast<Block*>(p));
     count_free(heap, page);

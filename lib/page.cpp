@@ -24,6 +24,7 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page->size_class = uint8_t(size_class);
   page->next = page->prev = nullptr;
   page->heap = heap;
+  page->heap_bucket = remote_bucket_of(heap);
   page_extend(page);
   ClassTotals& totals = g_totals.classes[size_class];
   count_max(totals.peak_pages, totals.pages.fetch_add(1, std::memory_order_relaxed) + 1);

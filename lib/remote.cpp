@@ -2,9 +2,11 @@
 
 #include <cstddef>
 
+#include "free_key.hpp"
 #include "heap.hpp"
 #include "options.hpp"
 #include "segment.hpp"
+#include "stats.hpp"
 
 namespace tray {
 
@@ -48,10 +50,12 @@ inline constexpr uint64_t kRunListsNewest = uint64_t{1} << 32;
 enum class Room { kNone, kRun, kAhead };
 // The mode is read as latched, without debug_mode()'s call to decide it: a page with blocks to
 // send exists only after an allocation, which decided it; and a call in remote_send's body
-// made it save and restore registers on every foreign free.
+// made it save and restore registers on every foreign free. A caller that knows debug mode is
+// off (a thread with a heap of its own is not in it) skips the load.
+template <bool kMayDebug = true>
 TRAY_INLINE Room room_of(const Page* page) {
   if (page->block_bytes < offsetof(RunHeader, ahead) ||
-      g_debug_latched.load(std::memory_order_relaxed) > 0)
+      (kMayDebug && g_debug_latched.load(std::memory_order_relaxed) > 0))
     return Room::kNone;
   return page->block_bytes < sizeof(RunHeader) ? Room::kRun : Room::kAhead;
 }
@@ -86,11 +90,11 @@ TRAY_NOINLINE void flush_bucket(RemoteBucket& bucket) {
   bucket = RemoteBucket{};
 }
 
-// Heaps are cache-line aligned and thousands of bytes apart: the bits above the line offset,
-// mixed by a multiplicative hash, spread owners over the buckets.
-RemoteBucket& bucket_for(Heap* self, const Heap* owner) {
-  const uint64_t key = (reinterpret_cast<uintptr_t>(owner) >> 6) * 0x9E3779B97F4A7C15ULL;
-  return self->outgoing[key >> (64 - kRemoteBucketShift)];
+// The address as a sum of integers: indexing `outgoing` let the compiler work it out again
+// for each access to the bucket, seven more instructions in remote_free.
+TRAY_INLINE RemoteBucket& bucket_of(Heap* self, const Page* page) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(self->outgoing);
+  return *reinterpret_cast<RemoteBucket*>(base + page->heap_bucket * sizeof(RemoteBucket));
 }
 
 // Puts a run of `count` blocks, first..last, back on its page: page_free_local for many.
@@ -106,29 +110,9 @@ void page_free_run(Heap* heap, Page* page, Block* first, Block* last, uint64_t c
   if (TRAY_UNLIKELY(page->used == 0)) heap_page_event(heap, page);
 }
 
-// The two sends that leave the common path, as tail calls out of remote_send: with a call
-// in its body, remote_send saved and restored six registers on every foreign free.
-TRAY_NOINLINE void send_alone(Heap* owner, Page* page, Block* block) {
-  start_run(room_of(page), block, nullptr);
-  push_remote(owner, block, block);
-}
-
-TRAY_NOINLINE void send_retargeted(Heap* self, Page* page, Block* block) {
-  RemoteBucket& bucket = bucket_for(self, page->heap);
-  flush_bucket(bucket);
-  bucket.target = page->heap;
-  bucket.tail = block;
-  remote_send(self, page, block);
-}
-
-}  // namespace
-
-void remote_send(Heap* self, Page* page, Block* block) noexcept {
-  Heap* owner = page->heap;
-  // A thread that never allocated has nowhere to gather: the block goes at once, alone.
-  if (TRAY_UNLIKELY(self == &g_empty_heap)) return send_alone(owner, page, block);
-  RemoteBucket& bucket = bucket_for(self, owner);
-  if (TRAY_UNLIKELY(bucket.target != owner)) return send_retargeted(self, page, block);
+// Adds block to the bucket, which gathers for its page's owner.
+template <bool kMayDebug>
+TRAY_INLINE void bucket_append(RemoteBucket& bucket, Page* page, Block* block) {
   // In locals: the stores into the block below could alias the bucket, as far as the compiler
   // knows, and it would load them again.
   Block* head = bucket.head;
@@ -142,7 +126,7 @@ void remote_send(Heap* self, Page* page, Block* block) noexcept {
     // A run started kRemotePrefetchRuns or more blocks back (or nullptr), named by the new run
     // and replaced by it.
     Block*& back = bucket.recent[count & (kRemotePrefetchRuns - 1)];
-    const Room room = room_of(page);
+    const Room room = room_of<kMayDebug>(page);
     start_run(room, block, back);
     back = block;
     bucket.run_page = room != Room::kNone ? page : nullptr;
@@ -150,6 +134,47 @@ void remote_send(Heap* self, Page* page, Block* block) noexcept {
   bucket.head = block;
   bucket.count = count + 1;
   if (count + 1 == kRemoteBatchBlocks) flush_bucket(bucket);
+}
+
+// The two sends that leave the common path, as tail calls out of remote_send: with a call
+// in its body, remote_send saved and restored six registers on every foreign free.
+TRAY_NOINLINE void send_alone(Heap* owner, Page* page, Block* block) {
+  start_run(room_of(page), block, nullptr);
+  push_remote(owner, block, block);
+}
+
+TRAY_NOINLINE void send_retargeted(Heap* self, Page* page, Block* block) {
+  RemoteBucket& bucket = bucket_of(self, page);
+  flush_bucket(bucket);
+  bucket.target = page->heap;
+  bucket.tail = block;
+  remote_send(self, page, block);
+}
+
+}  // namespace
+
+void remote_send(Heap* self, Page* page, Block* block) noexcept {
+  Heap* owner = page->heap;
+  // A thread that never allocated has nowhere to gather: the block goes at once, alone.
+  if (TRAY_UNLIKELY(self == &g_empty_heap)) return send_alone(owner, page, block);
+  RemoteBucket& bucket = bucket_of(self, page);
+  if (TRAY_UNLIKELY(bucket.target != owner)) return send_retargeted(self, page, block);
+  bucket_append<true>(bucket, page, block);
+}
+
+// One test covers every unusual case: no bucket is g_prof_heap's (heap_free_remote hands its
+// blocks to prof_free before any send), nor holds a null target where a page has an owner, and
+// a bucket that must change owner goes through remote_send as before. So the common free of
+// another heap's block is one function with no call in it.
+void remote_free(Block* block, Page* page, Heap* self) noexcept {
+  Heap* owner = page->heap;
+  RemoteBucket& bucket = bucket_of(self, page);
+  if (TRAY_UNLIKELY(bucket.target != owner || has_remote_frees(self)))
+    return heap_free_remote(page, block);
+  free_key_check_and_set(page, block);
+  count_free(self, page);
+  counter_add(self->counters.remote_frees, 1);
+  bucket_append<false>(bucket, page, block);
 }
 
 void remote_flush(Heap* self) noexcept {

@@ -64,6 +64,7 @@ struct alignas(kCacheLineBytes) Page {
   bool floating = false;        // owner: full, and in no queue until a block comes back
   bool retained = false;        // owner: empty, kept in its queue (counted in retained_bytes)
   bool warm = false;            // owner: allocated from since the last sparse pass (sparse.cpp)
+  uint8_t heap_bucket = 0;      // remote_bucket_of(heap), for senders: set with `heap`
   uint16_t scrubbed_used = 0;   // owner: `used` when sparse.cpp last looked at it; 0: never
   Heap* heap = nullptr;         // owner; stable while any block of the page is live
   uint8_t* blocks = nullptr;    // address of block 0
@@ -120,6 +121,15 @@ struct alignas(kCacheLineBytes) RemoteBucket {
   // Runs by the bucket's count at their start, modulo kRemotePrefetchRuns (nullptr: none yet).
   Block* recent[kRemotePrefetchRuns] = {};
 };
+
+// Which of a sender's buckets gathers for `owner`. Heaps are cache-line aligned and thousands
+// of bytes apart: the bits above the line offset, mixed by a multiplicative hash, spread owners
+// over the buckets. Each page keeps its owner's (Page::heap_bucket), so that a foreign free
+// reads it next to `heap` instead of computing it.
+inline uint8_t remote_bucket_of(const Heap* owner) {
+  const uint64_t key = (reinterpret_cast<uintptr_t>(owner) >> 6) * 0x9E3779B97F4A7C15ULL;
+  return uint8_t(key >> (64 - kRemoteBucketShift));
+}
 
 struct Heap {
   explicit constexpr Heap(Page* empty_page) {

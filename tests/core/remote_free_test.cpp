@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "segment.hpp"
 #include "size_classes.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
@@ -94,6 +95,50 @@ TEST(RemoteFree, SenderExitsWithBlocksInTransit) {
   EXPECT_EQ(corrupt.load(), 0u);
   tray_trim();  // takes the remote frees in and gives empty pages back
   EXPECT_EQ(probe_class_pages(), pages_before) << "blocks stranded in the exited sender";
+}
+
+// A sender frees, in turn, blocks of more owners than it has buckets, so that owners share a
+// bucket and each free may find it gathering for another: the free of a foreign block tests
+// only the bucket's target (remote.cpp), and every other case must leave through the general
+// path and still get each block home once. Pages name their owner's bucket for the sender.
+TEST(RemoteFree, OneSenderFreesInTurnToMoreOwnersThanBuckets) {
+  constexpr unsigned kOwners = tray::kRemoteBuckets + 4;
+  constexpr size_t kPerOwner = 40;
+  tray_trim();
+  const unsigned long long pages_before = probe_class_pages();
+  std::vector<std::vector<Block>> owned(kOwners);
+  std::atomic<unsigned> allocated{0};
+  std::vector<std::thread> owners;
+  for (unsigned o = 0; o < kOwners; ++o) {
+    owners.emplace_back([&, o] {
+      owned[o] = allocate_probe_blocks(kPerOwner);
+      allocated.fetch_add(1);
+      // Alive until all have allocated: each owner a heap of its own.
+      while (allocated.load() < kOwners) std::this_thread::yield();
+    });
+  }
+  for (std::thread& owner : owners) owner.join();
+  std::vector<bool> bucket_taken(tray::kRemoteBuckets, false);
+  bool shared = false;
+  for (const std::vector<Block>& blocks : owned) {
+    ASSERT_EQ(blocks.size(), kPerOwner);
+    const tray::Page* page = tray::unit_page_of(blocks[0].ptr);
+    ASSERT_NE(page->heap, nullptr);
+    EXPECT_EQ(page->heap_bucket, tray::remote_bucket_of(page->heap));
+    shared |= bucket_taken[page->heap_bucket];
+    bucket_taken[page->heap_bucket] = true;
+  }
+  EXPECT_TRUE(shared) << "no two owners share a bucket";
+  std::atomic<size_t> corrupt{0};
+  std::thread([&] {
+    tray_free(tray_malloc(16));  // a heap of its own: buckets
+    for (size_t i = 0; i < kPerOwner; ++i)
+      for (const std::vector<Block>& blocks : owned)
+        if (!tray_test::free_checked(blocks[i])) corrupt.fetch_add(1);
+  }).join();
+  EXPECT_EQ(corrupt.load(), 0u);
+  tray_trim();
+  EXPECT_EQ(probe_class_pages(), pages_before) << "blocks lost between owners sharing a bucket";
 }
 
 // Blocks of a thread that has exited are freed by another: they land in a parked heap, which
