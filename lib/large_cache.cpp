@@ -5,6 +5,7 @@
 
 #include "core/bits.hpp"
 #include "core/config.hpp"
+#include "core/recent_peak.hpp"
 #include "large.hpp"
 #include "platform/os.hpp"
 #include "purger.hpp"
@@ -46,10 +47,7 @@ void cache_remove_at(size_t i) {
   g_cache[i] = g_cache[--g_cache_used];
 }
 
-// The most bytes of live large blocks seen since g_peak_ms, which moves on (taking the live
-// bytes of the moment) once it is a cache delay old. Lock held.
-size_t g_peak_live = 0;
-uint64_t g_peak_ms = 0;
+constinit RecentPeak<kLargeCacheDelayMs> g_peak_live;  // bytes of live large blocks; lock held
 
 // What the cache may hold: the most of a floor, a share of the live large bytes and a share of
 // the most live large bytes of the last cache delay (kLargeCache* in config.hpp say why each).
@@ -59,12 +57,9 @@ uint64_t g_peak_ms = 0;
 // `freeing` is the block on its way into the cache, live until now.
 size_t cache_limit_bytes(uint64_t now, size_t freeing) {
   const size_t live = g_totals.bytes_large.load(std::memory_order_relaxed) + freeing;
-  if (live >= g_peak_live || now - g_peak_ms >= kLargeCacheDelayMs) {
-    g_peak_live = live;
-    g_peak_ms = now;
-  }
+  g_peak_live.note(live, now);
   return std::max({kLargeCacheFloorBytes, (live - freeing) / 100 * kLargeCacheLivePercent,
-                   g_peak_live / 100 * kLargeCachePeakPercent});
+                   g_peak_live.bytes() / 100 * kLargeCachePeakPercent});
 }
 
 // Index of the cached mapping that sat longest.

@@ -6,6 +6,7 @@
 #include "core/assert.hpp"
 #include "core/bits.hpp"
 #include "core/config.hpp"
+#include "core/recent_peak.hpp"
 #include "platform/os.hpp"
 #include "purger.hpp"
 #include "segment.hpp"
@@ -37,10 +38,7 @@ SpanChunk* g_chunks = nullptr;
 size_t g_dirty_bytes = 0;
 uint64_t g_last_alloc_ms = 0;  // the last span_alloc: dirty pages are kept only while they come
 size_t g_live_bytes = 0;
-// The most live span bytes since g_peak_ms, which moves on (taking the live bytes of the moment)
-// once it is a purge delay old.
-size_t g_peak_live_bytes = 0;
-uint64_t g_peak_ms = 0;
+constinit RecentPeak<kSpanPurgeDelayMs> g_peak_live_bytes;  // of g_live_bytes, lately
 std::atomic<size_t> g_dirty_seen{0};
 std::atomic<size_t> g_dirty_chunks_seen{0};
 
@@ -204,16 +202,9 @@ void finish_claims(const Claims& claims) {
 // program that replaces spans one by one keeps its live bytes near the peak: nothing more.
 size_t dirty_limit_bytes(uint64_t now_ms) {
   if (now_ms >= g_last_alloc_ms + kSpanIdleMs) return 0;
-  const size_t freed_since_peak =
-      now_ms < g_peak_ms + kSpanPurgeDelayMs && g_peak_live_bytes > g_live_bytes ? g_peak_live_bytes - g_live_bytes : 0;
+  const size_t peak = g_peak_live_bytes.recent(now_ms);
+  const size_t freed_since_peak = peak > g_live_bytes ? peak - g_live_bytes : 0;
   return std::max(kSpanDirtyFloorBytes, g_live_bytes / 100 * kSpanDirtyLivePercent) + freed_since_peak;
-}
-
-void note_live_peak(uint64_t now_ms) {
-  if (g_live_bytes >= g_peak_live_bytes || now_ms >= g_peak_ms + kSpanPurgeDelayMs) {
-    g_peak_live_bytes = g_live_bytes;
-    g_peak_ms = now_ms;
-  }
 }
 
 // Claims the chunks freed into longest ago until the resident free pages are within the limit.
@@ -355,7 +346,7 @@ LargeHeader* span_alloc(size_t used_bytes) {
     first = 1;
   }
   const size_t touched = take_pages(chunk, first, count, first);
-  note_live_peak(g_last_alloc_ms);
+  g_peak_live_bytes.note(g_live_bytes, g_last_alloc_ms);
   publish();
   auto* header = reinterpret_cast<LargeHeader*>(base_of(chunk) + first * kSpanPageBytes);
   header->magic = kSpanBlockMagic;
@@ -394,7 +385,7 @@ bool span_grow(LargeHeader* header, size_t new_used) {
   // The taken pages' contents are the block's to overwrite: their touched bytes need no zeroing,
   // and the caller counts the whole grown block as touched.
   take_pages(chunk, end, new_end - end, first);
-  note_live_peak(os::now_ms());
+  g_peak_live_bytes.note(g_live_bytes, os::now_ms());
   publish();
   header->reserve_bytes = new_used;
   return true;
