@@ -217,14 +217,15 @@ Page* find_page(Heap* heap, unsigned c) {
       return page;
     }
     queue_remove(heap, page);
-    page->floating = true;
     page->used = 1;
+    __atomic_store_n(&page->floating, true, __ATOMIC_RELEASE);
     page = next;
   }
   // Before taking a page: blocks held back for their owners may be what another heap needs
   // to avoid taking one too. Not on every slow path: in classes whose pages hold few blocks
-  // that would send batches of two or three, one compare-and-swap each.
-  remote_flush(heap);
+  // that would send batches of two or three, one compare-and-swap each. So may whole pages
+  // that owners which stopped taking their blocks in would not give back.
+  remote_flush_and_reclaim(heap);
   maybe_collect_parked();
   sparse_pass(heap, false);
   // The class grows: a moment when its live count is at a high.

@@ -5,6 +5,8 @@
 #include "free_key.hpp"
 #include "heap.hpp"
 #include "options.hpp"
+#include "page.hpp"
+#include "platform/os.hpp"
 #include "segment.hpp"
 #include "stats.hpp"
 
@@ -147,8 +149,129 @@ TRAY_NOINLINE void send_retargeted(Heap* self, Page* page, Block* block) {
   RemoteBucket& bucket = bucket_of(self, page);
   flush_bucket(bucket);
   bucket.target = page->heap;
+  // Every batch starts here (a sent bucket has no target), so the watch follows the owners
+  // the thread sends to, without a store on the free that joins a batch.
+  if (RemoteWatch& watch = self->watching[page->heap_bucket]; watch.owner != page->heap)
+    watch = {page->heap};
   bucket.tail = block;
   remote_send(self, page, block);
+}
+
+// The run that starts at `run`: its last block and its length.
+TRAY_INLINE Block* run_end(Block* run, Room room, uint32_t* count) {
+  if (room == Room::kNone) {
+    *count = 1;
+    return run;
+  }
+  const RunHeader& header = *header_of(run);
+  *count = uint32_t(header.count & (kRunListsNewest - 1));
+  return header.last;
+}
+
+// Blocks of each page met in a batch, by page: open addressing over a few hundred pages (a
+// batch of pages past that keeps them all with their owner).
+class PageTally {
+ public:
+  // The page's slot, or nullptr when the table is full.
+  uint32_t* slot(const Page* page) {
+    for (unsigned i = hash(page), probes = 0; probes < kRemoteReclaimPages; ++probes, i = next(i)) {
+      if (pages_[i] == page) return &blocks_[i];
+      if (pages_[i] == nullptr) {
+        if (used_ == kMaxUsed) return nullptr;
+        ++used_;
+        pages_[i] = page;
+        blocks_[i] = 0;
+        return &blocks_[i];
+      }
+    }
+    return nullptr;
+  }
+  // The page's count, or 0 for a page the table has no slot for.
+  uint32_t blocks_of(const Page* page) const {
+    for (unsigned i = hash(page), probes = 0; probes < kRemoteReclaimPages; ++probes, i = next(i)) {
+      if (pages_[i] == page) return blocks_[i];
+      if (pages_[i] == nullptr) return 0;
+    }
+    return 0;
+  }
+  const Page* page_at(unsigned i) const { return pages_[i]; }
+  uint32_t& blocks_at(unsigned i) { return blocks_[i]; }
+
+ private:
+  static_assert((kRemoteReclaimPages & (kRemoteReclaimPages - 1)) == 0, "indexed by a mask");
+  static constexpr unsigned kMaxUsed = kRemoteReclaimPages * 3 / 4;  // keeps probes short
+  // Descriptors are 64 bytes apart: the bits above that, mixed.
+  static unsigned hash(const Page* page) {
+    const uint64_t key = (reinterpret_cast<uintptr_t>(page) >> 6) * 0x9E3779B97F4A7C15ULL;
+    return unsigned(key >> 32) & (kRemoteReclaimPages - 1);
+  }
+  static unsigned next(unsigned i) { return (i + 1) & (kRemoteReclaimPages - 1); }
+
+  const Page* pages_[kRemoteReclaimPages] = {};
+  uint32_t blocks_[kRemoteReclaimPages];
+  unsigned used_ = 0;
+};
+
+// A page can leave its owner without the owner's knowledge when every one of its blocks lies
+// in a batch that the taker holds, and the owner floated it (full, in no queue): the program
+// holds none of its blocks, so no local free reaches it; none is in a bucket or on the stack,
+// so no drain does; and the owner reaches a floating page no other way. The owner's last
+// write to it was the release store of `floating`, which the acquire load here pairs with.
+// Every later write to `floating` (a block coming back) happens before the taker can hold
+// that block again, so a page read as floating was not taken back in since.
+bool page_all_in_hand(const Page* page, uint32_t blocks_in_hand) {
+  return blocks_in_hand == page->reserved && __atomic_load_n(&page->floating, __ATOMIC_ACQUIRE);
+}
+
+// Takes owner's stack; gives the pages whose every block is in it to the pool, and pushes
+// the other runs back for the owner, in their order. Returns the list pushed back (nullptr
+// if none), for the caller to tell whether anything came since.
+Block* reclaim_pages(Heap* owner) {
+  Block* batch = owner->remote_free.exchange(nullptr, std::memory_order_acquire);
+  if (batch == nullptr) return nullptr;
+  PageTally tally;
+  uint32_t count;
+  Block* batch_last = nullptr;
+  for (Block* run = batch; run != nullptr; run = batch_last->next) {
+    Page* page = unit_page_of(run);
+    batch_last = run_end(run, room_of(page), &count);
+    if (uint32_t* blocks = tally.slot(page); blocks != nullptr) *blocks += count;
+  }
+  bool any_page = false;
+  for (unsigned i = 0; i < kRemoteReclaimPages; ++i) {
+    const Page* page = tally.page_at(i);
+    uint32_t& blocks = tally.blocks_at(i);
+    // A page's count becomes 0 (kept) or stays reserved (taken); no page holds 0 blocks.
+    if (page != nullptr && !page_all_in_hand(page, blocks)) blocks = 0;
+    any_page |= page != nullptr && blocks != 0;
+  }
+  if (!any_page) {
+    push_remote(owner, batch, batch_last);
+    return batch;
+  }
+  Block* kept = nullptr;
+  Block* kept_last = nullptr;
+  for (Block* run = batch; run != nullptr;) {
+    Page* page = unit_page_of(run);
+    Block* last = run_end(run, room_of(page), &count);
+    Block* next = last->next;
+    if (tally.blocks_of(page) == 0) {
+      if (kept_last != nullptr) kept_last->next = run;
+      else kept = run;
+      kept_last = last;
+    }
+    run = next;
+  }
+  if (kept != nullptr) push_remote(owner, kept, kept_last);
+  for (unsigned i = 0; i < kRemoteReclaimPages; ++i) {
+    auto* page = const_cast<Page*>(tally.page_at(i));
+    if (page == nullptr || tally.blocks_at(i) == 0) continue;
+    page->floating = false;
+    page->used = 0;
+    page->free = nullptr;
+    page_release(page);
+  }
+  return kept;
 }
 
 }  // namespace
@@ -182,8 +305,32 @@ void remote_flush(Heap* self) noexcept {
     if (bucket.count != 0) flush_bucket(bucket);  // out of line: skip the call for an empty one
 }
 
+void remote_flush_and_reclaim(Heap* self) noexcept {
+  remote_flush(self);
+  if (debug_mode()) return;  // its free blocks are filled and checked one by one
+  uint64_t now = 0;
+  for (RemoteWatch& watch : self->watching) {
+    Heap* owner = watch.owner;
+    if (owner == nullptr) continue;
+    // Nothing waiting, or only what was put back last time: nothing to look at.
+    Block* waiting = owner->remote_free.load(std::memory_order_relaxed);
+    if (waiting == nullptr || waiting == watch.left) continue;
+    const uint32_t drains = owner->drains.load(std::memory_order_relaxed);
+    if (now == 0) now = os::now_ms();
+    if (drains != watch.drains || watch.since_ms == 0) {
+      watch.drains = drains;
+      watch.since_ms = now;
+      continue;
+    }
+    if (now - watch.since_ms < kRemoteReclaimIdleMs) continue;
+    watch.left = reclaim_pages(owner);
+    watch.since_ms = now;
+  }
+}
+
 void remote_drain(Heap* heap) noexcept {
   Block* run = heap->remote_free.exchange(nullptr, std::memory_order_acquire);
+  heap->drains.store(heap->drains.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   while (run != nullptr) {
     Page* page = unit_page_of(run);
     const Room room = room_of(page);

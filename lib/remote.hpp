@@ -28,6 +28,10 @@ TRAY_INLINE bool has_remote_frees(const Heap* self) {
 
 // Sends every bucket of self on its way.
 void remote_flush(Heap* self) noexcept;
+// remote_flush before self takes a page from the pool; and from each owner it sends to that
+// has left blocks on its stack for kRemoteReclaimIdleMs without taking any in, takes the
+// stack and gives the pages whose every block lies in it to the pool, the rest back.
+void remote_flush_and_reclaim(Heap* self) noexcept;
 // Takes in the blocks other threads sent home to `heap`.
 void remote_drain(Heap* heap) noexcept;
 

@@ -61,7 +61,9 @@ struct alignas(kCacheLineBytes) Page {
   uint32_t block_bytes = 0;
   uint8_t size_class = 0;
   uint8_t unit_count = 0;       // units spanned (pool lock); 0 for no page
-  bool floating = false;        // owner: full, and in no queue until a block comes back
+  // owner: full, and in no queue until a block comes back. Set last, with a release store: a
+  // sender holding every block of the page reads it to take the page (remote.cpp).
+  bool floating = false;
   bool retained = false;        // owner: empty, kept in its queue (counted in retained_bytes)
   bool warm = false;            // owner: allocated from since the last sparse pass (sparse.cpp)
   uint8_t heap_bucket = 0;      // remote_bucket_of(heap), for senders: set with `heap`
@@ -122,6 +124,16 @@ struct alignas(kCacheLineBytes) RemoteBucket {
   Block* recent[kRemotePrefetchRuns] = {};
 };
 
+// What a heap last saw of the owner one of its buckets gathered for: how many times that owner
+// had taken its remote stack in, and since when that count stood still while blocks waited
+// there (remote_flush_and_reclaim in remote.cpp).
+struct RemoteWatch {
+  Heap* owner = nullptr;
+  uint64_t since_ms = 0;    // 0: not yet looked at
+  Block* left = nullptr;    // what the last look pushed back onto the owner's stack
+  uint32_t drains = 0;
+};
+
 // Which of a sender's buckets gathers for `owner`. Heaps are cache-line aligned and thousands
 // of bytes apart: the bits above the line offset, mixed by a multiplicative hash, spread owners
 // over the buckets. Each page keeps its owner's (Page::heap_bucket), so that a foreign free
@@ -165,11 +177,16 @@ struct Heap {
   // Blocks this heap's thread freed into other heaps, gathered per owner so that frees to
   // several owners, interleaved, still cost one compare-and-swap per batch (see RemoteBucket).
   RemoteBucket outgoing[kRemoteBuckets];
+  RemoteWatch watching[kRemoteBuckets];
   HeapCounters counters;
   SampleState sampling;
   // Blocks of this heap's pages freed by other threads: a lock-free stack that the owner
   // takes whole. On its own cache line so remote frees do not slow the owner's fields.
   alignas(kCacheLineBytes) std::atomic<Block*> remote_free{nullptr};
+  // How many times remote_free was taken in: written by whoever does that (the owner, or the
+  // collector of a parked heap, one at a time) with a load and a store; read by senders, to
+  // tell an owner that stopped taking its blocks in.
+  std::atomic<uint32_t> drains{0};
 };
 
 inline constexpr uint32_t kLargeMagic = 0x4C415247;  // "LARG"

@@ -73,6 +73,12 @@ inline constexpr uint32_t kRemoteBatchBlocks = 64;
 // it (so at least this many runs further down the list), for the owner to prefetch while it
 // puts back the runs in between; a power of two (remote.cpp).
 inline constexpr unsigned kRemotePrefetchRuns = 8;
+// A sender about to take a page from the pool takes the remote stack of an owner it sends to
+// once that owner has left blocks there this long without taking any in (a thread blocked, or
+// waiting for a core), and gives back to the pool the pages whose every block lies in it.
+inline constexpr uint64_t kRemoteReclaimIdleMs = 2;
+// Pages such a look can count blocks for; the pages past that stay with their owner.
+inline constexpr unsigned kRemoteReclaimPages = 256;
 
 // Empty pages a heap keeps in its queues, so that a working set that swings by a page or two
 // does not hand pages to the pool and take them back on every swing.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <thread>
 #include <vector>
@@ -300,6 +301,162 @@ TEST(RemoteFree, OwnerThatOnlyFreesTakesItsStackInOnAForeignFree) {
   EXPECT_TRUE(tray_test::free_checked(foreign));  // this thread allocates nothing in between
   EXPECT_LE(probe_class_pages(), pages_before + (in_transit - pages_before) / 2)
       << "the remote stack was not taken in on the foreign free";
+}
+
+// Allocates blocks of `bytes` until the class takes a page from the pool: the slow path that
+// sends the thread's buckets and looks at the owners it sends to. Returns the blocks.
+std::vector<Block> allocate_until_a_page_is_taken(size_t bytes) {
+  const unsigned c = tray::size_class_of(bytes);
+  const unsigned long long pages = tray_test::stats_now().classes[c].pages;
+  std::vector<Block> blocks;
+  while (tray_test::stats_now().classes[c].pages == pages && blocks.size() < 100000)
+    blocks.push_back(tray_test::allocate_filled(bytes));
+  return blocks;
+}
+
+// An owner that stopped taking its stack in (here: blocked in join, as larson_server's main
+// thread is) held the pages whose every block others freed until it ran again. A sender about
+// to take a page looks at the owners it sends to, and after kRemoteReclaimIdleMs without a
+// take-in by one of them gives that owner's pages whose blocks all wait on its stack to the
+// pool; runs of the pages that still hold a live block go back to the owner.
+TEST(RemoteFree, PagesOfAnIdleOwnerWhoseBlocksAllCameBackGoToThePool) {
+  tray_trim();
+  const unsigned long long pages_before = probe_class_pages();
+  std::vector<Block> blocks = allocate_probe_blocks(600);  // floating pages, and a head page
+  const Block kept = tray_test::allocate_filled(kProbeBytes);
+  const unsigned long long pages_full = probe_class_pages();
+  ASSERT_GE(pages_full, pages_before + 50);
+  std::atomic<size_t> corrupt{0};
+  unsigned long long pages_after_look = 0;
+  std::thread([&] {
+    for (const Block& block : blocks)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+    // 4 KiB blocks: a class of its own, nowhere near the probe's.
+    std::vector<Block> own = allocate_until_a_page_is_taken(4000);  // the first look
+    std::this_thread::sleep_for(std::chrono::milliseconds(4 * tray::kRemoteReclaimIdleMs + 5));
+    for (const Block& block : allocate_until_a_page_is_taken(4000)) own.push_back(block);
+    pages_after_look = probe_class_pages();
+    for (const Block& block : own)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+  }).join();
+  EXPECT_EQ(corrupt.load(), 0u);
+  EXPECT_LE(pages_after_look, pages_before + 2)
+      << "the idle owner kept pages whose blocks were all freed (" << pages_full << " before)";
+  // The owner's own block, and the page it lives on, are untouched.
+  EXPECT_TRUE(tray_test::free_checked(kept));
+  tray_trim();
+  EXPECT_EQ(probe_class_pages(), pages_before);
+}
+
+// Only floating pages (full, out of their queue) may change hands: the page a class allocates
+// from is the owner's fast path's, even once every block of it waits on the stack.
+TEST(RemoteFree, ThePageAClassAllocatesFromStaysWithItsOwner) {
+  constexpr size_t kBytes = 8192;
+  const unsigned c = tray::size_class_of(kBytes);
+  std::vector<Block> blocks = allocate_until_a_page_is_taken(kBytes);
+  const unsigned long long pages = tray_test::stats_now().classes[c].pages;
+  Block first_of_page = blocks.back();
+  blocks.pop_back();
+  for (const Block& block : blocks) EXPECT_TRUE(tray_test::free_checked(block));
+  blocks.assign(1, first_of_page);
+  while (blocks.size() < tray::class_blocks_per_page(c)) blocks.push_back(tray_test::allocate_filled(kBytes));
+  ASSERT_EQ(tray_test::stats_now().classes[c].pages, pages) << "the page is not dry yet";
+  std::atomic<size_t> corrupt{0};
+  unsigned long long pages_after_look = 0;
+  std::thread([&] {
+    for (const Block& block : blocks)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+    std::vector<Block> own = allocate_until_a_page_is_taken(4000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(4 * tray::kRemoteReclaimIdleMs + 5));
+    for (const Block& block : allocate_until_a_page_is_taken(4000)) own.push_back(block);
+    pages_after_look = tray_test::stats_now().classes[c].pages;
+    for (const Block& block : own)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+  }).join();
+  EXPECT_EQ(pages_after_look, pages);
+  std::vector<Block> again;
+  for (size_t i = 0; i < blocks.size(); ++i) again.push_back(tray_test::allocate_filled(kBytes));
+  for (const Block& block : again) EXPECT_TRUE(tray_test::free_checked(block));
+  EXPECT_EQ(corrupt.load(), 0u);
+}
+
+// Owners that pause (sleep, as a thread waiting for work or for a core does) while senders
+// free their blocks and take pages: the pages of a paused owner change hands under it, and
+// when it runs again it must find its queues, its stack and every block it still holds as
+// they should be. Blocks are checked by pattern; pages by count once everything is freed.
+TEST(RemoteFree, PagesChangeHandsWhileTheirOwnersPause) {
+  constexpr unsigned kOwners = 2;
+  constexpr unsigned kSenders = 2;
+  const size_t rounds = tray_test::scaled(400);
+  tray_trim();
+  const unsigned long long pages_before = probe_class_pages();
+  std::vector<std::vector<Block>> mailbox(kOwners * kSenders);
+  std::vector<std::atomic<bool>> full(kOwners * kSenders);
+  std::atomic<unsigned> owners_done{0};
+  std::atomic<size_t> corrupt{0};
+  std::vector<std::thread> threads;
+  for (unsigned o = 0; o < kOwners; ++o) {
+    threads.emplace_back([&, o] {
+      tray_test::Rng rng(o + 1);
+      std::vector<Block> held;  // blocks the owner frees itself, later, in random order
+      for (size_t round = 0; round < rounds; ++round) {
+        for (unsigned s = 0; s < kSenders; ++s) {
+          const unsigned box = o * kSenders + s;
+          if (full[box].load(std::memory_order_acquire)) continue;
+          for (int i = 0; i < 64; ++i) mailbox[box].push_back(tray_test::allocate_filled(kProbeBytes));
+          full[box].store(true, std::memory_order_release);
+        }
+        for (int i = 0; i < 16; ++i) held.push_back(tray_test::allocate_filled(i % 2 ? 3000 : 100));
+        while (held.size() > 48) {
+          const size_t victim = rng.next() % held.size();
+          if (!tray_test::free_checked(held[victim])) corrupt.fetch_add(1);
+          held[victim] = held.back();
+          held.pop_back();
+        }
+        if (round % 4 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      }
+      for (const Block& block : held)
+        if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+      owners_done.fetch_add(1);
+      // Park the heap only once the senders are done with its blocks: they free into it.
+      while (owners_done.load() < kOwners + kSenders) std::this_thread::yield();
+    });
+  }
+  for (unsigned s = 0; s < kSenders; ++s) {
+    threads.emplace_back([&, s] {
+      std::vector<Block> own;  // pages of a class of its own, taken now and then
+      for (;;) {
+        bool any = false;
+        for (unsigned o = 0; o < kOwners; ++o) {
+          const unsigned box = o * kSenders + s;
+          if (!full[box].load(std::memory_order_acquire)) continue;
+          any = true;
+          for (const Block& block : mailbox[box])
+            if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+          mailbox[box].clear();
+          full[box].store(false, std::memory_order_release);
+        }
+        if (!any && owners_done.load() >= kOwners) break;
+        // Between mailboxes, work of its own: it takes pages, and so looks at its owners.
+        own.push_back(tray_test::allocate_filled(4000));
+        if (own.size() == 512) {  // 2 MiB: past what a heap keeps of empty pages
+          for (const Block& block : own)
+            if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+          own.clear();
+        }
+      }
+      for (const Block& block : own)
+        if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+      owners_done.fetch_add(1);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::vector<Block>& blocks : mailbox)
+    for (const Block& block : blocks)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+  EXPECT_EQ(corrupt.load(), 0u);
+  tray_trim();
+  EXPECT_EQ(probe_class_pages(), pages_before) << "a page lost its count, or a block its way";
 }
 
 // Owners and senders at once, both ways, with threads replaced while blocks are in flight
