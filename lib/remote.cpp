@@ -89,7 +89,9 @@ TRAY_NOINLINE void flush_bucket(RemoteBucket& bucket) {
     batch->run.count |= kRunListsNewest;
   }
   push_remote(bucket.target, bucket.head, bucket.tail);
+  const RemoteWatch watch = bucket.watch;
   bucket = RemoteBucket{};
+  bucket.watch = watch;
 }
 
 // The address as a sum of integers: indexing `outgoing` let the compiler work it out again
@@ -151,8 +153,7 @@ TRAY_NOINLINE void send_retargeted(Heap* self, Page* page, Block* block) {
   bucket.target = page->heap;
   // Every batch starts here (a sent bucket has no target), so the watch follows the owners
   // the thread sends to, without a store on the free that joins a batch.
-  if (RemoteWatch& watch = self->watching[page->heap_bucket]; watch.owner != page->heap)
-    watch = {page->heap};
+  if (bucket.watch.owner != page->heap) bucket.watch = {page->heap};
   bucket.tail = block;
   remote_send(self, page, block);
 }
@@ -168,110 +169,148 @@ TRAY_INLINE Block* run_end(Block* run, Room room, uint32_t* count) {
   return header.last;
 }
 
-// Blocks of each page met in a batch, by page: open addressing over a few hundred pages (a
-// batch of pages past that keeps them all with their owner).
-class PageTally {
+// The runs of each page met in a taken stack, chained into one run per page: open addressing
+// over a few hundred pages (runs of pages past that, and of pages whose blocks have no room for
+// a run header, stay as they were).
+class PageRuns {
  public:
-  // The page's slot, or nullptr when the table is full.
-  uint32_t* slot(const Page* page) {
-    for (unsigned i = hash(page), probes = 0; probes < kRemoteReclaimPages; ++probes, i = next(i)) {
-      if (pages_[i] == page) return &blocks_[i];
-      if (pages_[i] == nullptr) {
-        if (used_ == kMaxUsed) return nullptr;
-        ++used_;
-        pages_[i] = page;
-        blocks_[i] = 0;
-        return &blocks_[i];
-      }
-    }
-    return nullptr;
+  struct Chain {
+    const Page* page;
+    Block* first;
+    Block* last;
+    uint64_t blocks;
+  };
+  // The page's chain, or nullptr when the table is full.
+  Chain* find_or_add(const Page* page) {
+    unsigned i = hash(page);
+    while (chains_[i].page != nullptr && chains_[i].page != page) i = (i + 1) & kMask;
+    if (chains_[i].page == page) return &chains_[i];
+    if (used_ == kMaxUsed) return nullptr;
+    ++used_;
+    chains_[i] = {page, nullptr, nullptr, 0};
+    return &chains_[i];
   }
-  // The page's count, or 0 for a page the table has no slot for.
-  uint32_t blocks_of(const Page* page) const {
-    for (unsigned i = hash(page), probes = 0; probes < kRemoteReclaimPages; ++probes, i = next(i)) {
-      if (pages_[i] == page) return blocks_[i];
-      if (pages_[i] == nullptr) return 0;
-    }
-    return 0;
-  }
-  const Page* page_at(unsigned i) const { return pages_[i]; }
-  uint32_t& blocks_at(unsigned i) { return blocks_[i]; }
+  Chain* begin() { return chains_; }
+  Chain* end() { return chains_ + kRemoteReclaimPages; }
 
  private:
   static_assert((kRemoteReclaimPages & (kRemoteReclaimPages - 1)) == 0, "indexed by a mask");
+  static constexpr unsigned kMask = kRemoteReclaimPages - 1;
   static constexpr unsigned kMaxUsed = kRemoteReclaimPages * 3 / 4;  // keeps probes short
   // Descriptors are 64 bytes apart: the bits above that, mixed.
   static unsigned hash(const Page* page) {
     const uint64_t key = (reinterpret_cast<uintptr_t>(page) >> 6) * 0x9E3779B97F4A7C15ULL;
-    return unsigned(key >> 32) & (kRemoteReclaimPages - 1);
+    return unsigned(key >> 32) & kMask;
   }
-  static unsigned next(unsigned i) { return (i + 1) & (kRemoteReclaimPages - 1); }
 
-  const Page* pages_[kRemoteReclaimPages] = {};
-  uint32_t blocks_[kRemoteReclaimPages];
+  Chain chains_[kRemoteReclaimPages] = {};
   unsigned used_ = 0;
 };
 
+// A list built by appending runs (first..last), in the order they come.
+struct RunList {
+  Block* first = nullptr;
+  Block* last = nullptr;
+  void append(Block* run_first, Block* run_last) {
+    if (last != nullptr) last->next = run_first;
+    else first = run_first;
+    last = run_last;
+  }
+};
+
 // A page can leave its owner without the owner's knowledge when every one of its blocks lies
-// in a batch that the taker holds, and the owner floated it (full, in no queue): the program
+// in a stack that the taker holds, and the owner floated it (full, in no queue): the program
 // holds none of its blocks, so no local free reaches it; none is in a bucket or on the stack,
 // so no drain does; and the owner reaches a floating page no other way. The owner's last
 // write to it was the release store of `floating`, which the acquire load here pairs with.
 // Every later write to `floating` (a block coming back) happens before the taker can hold
 // that block again, so a page read as floating was not taken back in since.
-bool page_all_in_hand(const Page* page, uint32_t blocks_in_hand) {
+bool page_all_in_hand(const Page* page, uint64_t blocks_in_hand) {
   return blocks_in_hand == page->reserved && __atomic_load_n(&page->floating, __ATOMIC_ACQUIRE);
 }
 
-// Takes owner's stack; gives the pages whose every block is in it to the pool, and pushes
-// the other runs back for the owner, in their order. Returns the list pushed back (nullptr
-// if none), for the caller to tell whether anything came since.
+// Puts first.. (a list ending in nullptr, whose last block is not known) back on the owner's
+// stack. What others pushed since the stack was taken goes in front: walked run by run to
+// its end, and that is a few batches at most.
+void push_remote_unbounded(Heap* owner, Block* first) {
+  Block* expected = nullptr;
+  while (!owner->remote_free.compare_exchange_weak(expected, first, std::memory_order_release,
+                                                   std::memory_order_relaxed)) {
+    if (expected == nullptr) continue;
+    Block* theirs = owner->remote_free.exchange(nullptr, std::memory_order_acquire);
+    if (theirs != nullptr) {
+      Block* last = theirs;
+      for (uint32_t count;; last = last->next) {
+        last = run_end(last, room_of(unit_page_of(last)), &count);
+        if (last->next == nullptr) break;
+      }
+      last->next = first;
+      first = theirs;
+    }
+    expected = nullptr;
+  }
+}
+
+// Takes owner's stack; gives the pages whose every block is in it to the pool, and pushes the
+// rest back for the owner, one run per page: a stack that is looked at again (its owner still
+// idle) costs a step per page, not per block, and the owner's drain one splice per page.
+// A look walks at most kRemoteReclaimRuns runs and kRemoteReclaimPages pages: the rest of the
+// stack goes back as it was, for later looks to reach once the runs before it are chained.
+// Returns the list pushed back if the look walked all of it (else nullptr), for the caller to
+// tell whether a later look would find anything new.
 Block* reclaim_pages(Heap* owner) {
-  Block* batch = owner->remote_free.exchange(nullptr, std::memory_order_acquire);
-  if (batch == nullptr) return nullptr;
-  PageTally tally;
-  uint32_t count;
-  Block* batch_last = nullptr;
-  for (Block* run = batch; run != nullptr; run = batch_last->next) {
+  Block* run = owner->remote_free.exchange(nullptr, std::memory_order_acquire);
+  if (run == nullptr) return nullptr;
+  PageRuns pages;
+  RunList unchained;
+  for (uint32_t walked = 0; run != nullptr && walked < kRemoteReclaimRuns; ++walked) {
     Page* page = unit_page_of(run);
-    batch_last = run_end(run, room_of(page), &count);
-    if (uint32_t* blocks = tally.slot(page); blocks != nullptr) *blocks += count;
-  }
-  bool any_page = false;
-  for (unsigned i = 0; i < kRemoteReclaimPages; ++i) {
-    const Page* page = tally.page_at(i);
-    uint32_t& blocks = tally.blocks_at(i);
-    // A page's count becomes 0 (kept) or stays reserved (taken); no page holds 0 blocks.
-    if (page != nullptr && !page_all_in_hand(page, blocks)) blocks = 0;
-    any_page |= page != nullptr && blocks != 0;
-  }
-  if (!any_page) {
-    push_remote(owner, batch, batch_last);
-    return batch;
-  }
-  Block* kept = nullptr;
-  Block* kept_last = nullptr;
-  for (Block* run = batch; run != nullptr;) {
-    Page* page = unit_page_of(run);
-    Block* last = run_end(run, room_of(page), &count);
+    const Room room = room_of(page);
+    PageRuns::Chain* chain = nullptr;
+    if (room != Room::kNone && (chain = pages.find_or_add(page)) == nullptr) break;
+    uint32_t count;
+    Block* last = run_end(run, room, &count);
     Block* next = last->next;
-    if (tally.blocks_of(page) == 0) {
-      if (kept_last != nullptr) kept_last->next = run;
-      else kept = run;
-      kept_last = last;
+    if (chain != nullptr) {
+      if (chain->last != nullptr) chain->last->next = run;
+      else chain->first = run;
+      chain->last = last;
+      chain->blocks += count;
+    } else {
+      unchained.append(run, last);
     }
     run = next;
   }
-  if (kept != nullptr) push_remote(owner, kept, kept_last);
-  for (unsigned i = 0; i < kRemoteReclaimPages; ++i) {
-    auto* page = const_cast<Page*>(tally.page_at(i));
-    if (page == nullptr || tally.blocks_at(i) == 0) continue;
+  RunList kept;
+  for (PageRuns::Chain& chain : pages) {
+    if (chain.page == nullptr) continue;
+    if (page_all_in_hand(chain.page, chain.blocks)) {
+      chain.first = nullptr;  // taken: given to the pool below
+      continue;
+    }
+    // The chain's first block heads it now (without a list of the newest runs to prefetch).
+    header_of(chain.first)->last = chain.last;
+    header_of(chain.first)->count = chain.blocks;
+    kept.append(chain.first, chain.last);
+  }
+  if (unchained.first != nullptr) kept.append(unchained.first, unchained.last);
+  // The owner's blocks first: giving pages to the pool takes its lock, once a page.
+  if (run != nullptr) {  // the part not walked
+    if (kept.first != nullptr) kept.last->next = run;
+    else kept.first = run;
+    push_remote_unbounded(owner, kept.first);
+  } else if (kept.first != nullptr) {
+    push_remote(owner, kept.first, kept.last);
+  }
+  for (PageRuns::Chain& chain : pages) {
+    if (chain.page == nullptr || chain.first != nullptr) continue;
+    auto* page = const_cast<Page*>(chain.page);
     page->floating = false;
     page->used = 0;
     page->free = nullptr;
     page_release(page);
   }
-  return kept;
+  return run == nullptr ? kept.first : nullptr;
 }
 
 }  // namespace
@@ -308,15 +347,16 @@ void remote_flush(Heap* self) noexcept {
 void remote_flush_and_reclaim(Heap* self) noexcept {
   remote_flush(self);
   if (debug_mode()) return;  // its free blocks are filled and checked one by one
-  uint64_t now = 0;
-  for (RemoteWatch& watch : self->watching) {
+  uint32_t now = 0;
+  for (RemoteBucket& bucket : self->outgoing) {
+    RemoteWatch& watch = bucket.watch;
     Heap* owner = watch.owner;
     if (owner == nullptr) continue;
     // Nothing waiting, or only what was put back last time: nothing to look at.
     Block* waiting = owner->remote_free.load(std::memory_order_relaxed);
     if (waiting == nullptr || waiting == watch.left) continue;
     const uint32_t drains = owner->drains.load(std::memory_order_relaxed);
-    if (now == 0) now = os::now_ms();
+    if (now == 0) now = uint32_t(os::now_ms()) | 1;  // never 0, which means "not yet"
     if (drains != watch.drains || watch.since_ms == 0) {
       watch.drains = drains;
       watch.since_ms = now;

@@ -108,6 +108,16 @@ struct PageQueue {
   Page* tail = nullptr;
 };
 
+// What a heap last saw of the owner one of its buckets gathered for: how many times that owner
+// had taken its remote stack in, and since when that count stood still while blocks waited
+// there (remote_flush_and_reclaim in remote.cpp). It outlives the bucket's batches.
+struct RemoteWatch {
+  Heap* owner = nullptr;
+  Block* left = nullptr;    // what the last look pushed back onto the owner's stack
+  uint32_t drains = 0;
+  uint32_t since_ms = 0;    // the clock's low bits (differences wrap safely); 0: not looked yet
+};
+
 // Blocks on their way to one owner heap: a list built by the freeing thread alone, sent to the
 // owner's remote_free stack in one compare-and-swap when it holds kRemoteBatchBlocks blocks,
 // when a block for another owner needs the bucket, or before the sender takes a new page.
@@ -122,17 +132,9 @@ struct alignas(kCacheLineBytes) RemoteBucket {
   uint32_t count = 0;
   // Runs by the bucket's count at their start, modulo kRemotePrefetchRuns (nullptr: none yet).
   Block* recent[kRemotePrefetchRuns] = {};
+  RemoteWatch watch;  // in the bytes the second line had to spare
 };
-
-// What a heap last saw of the owner one of its buckets gathered for: how many times that owner
-// had taken its remote stack in, and since when that count stood still while blocks waited
-// there (remote_flush_and_reclaim in remote.cpp).
-struct RemoteWatch {
-  Heap* owner = nullptr;
-  uint64_t since_ms = 0;    // 0: not yet looked at
-  Block* left = nullptr;    // what the last look pushed back onto the owner's stack
-  uint32_t drains = 0;
-};
+static_assert(sizeof(RemoteBucket) == 2 * kCacheLineBytes);
 
 // Which of a sender's buckets gathers for `owner`. Heaps are cache-line aligned and thousands
 // of bytes apart: the bits above the line offset, mixed by a multiplicative hash, spread owners
@@ -177,7 +179,6 @@ struct Heap {
   // Blocks this heap's thread freed into other heaps, gathered per owner so that frees to
   // several owners, interleaved, still cost one compare-and-swap per batch (see RemoteBucket).
   RemoteBucket outgoing[kRemoteBuckets];
-  RemoteWatch watching[kRemoteBuckets];
   HeapCounters counters;
   SampleState sampling;
   // Blocks of this heap's pages freed by other threads: a lock-free stack that the owner

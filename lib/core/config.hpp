@@ -77,7 +77,10 @@ inline constexpr unsigned kRemotePrefetchRuns = 8;
 // once that owner has left blocks there this long without taking any in (a thread blocked, or
 // waiting for a core), and gives back to the pool the pages whose every block lies in it.
 inline constexpr uint64_t kRemoteReclaimIdleMs = 2;
-// Pages such a look can count blocks for; the pages past that stay with their owner.
+// What one such look walks at most: runs of blocks, and pages it counts blocks for (a table
+// of this many slots on the stack, filled to three quarters). The rest of the stack waits for
+// the next look.
+inline constexpr uint32_t kRemoteReclaimRuns = 8192;
 inline constexpr unsigned kRemoteReclaimPages = 256;
 
 // Empty pages a heap keeps in its queues, so that a working set that swings by a page or two

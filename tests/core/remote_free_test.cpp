@@ -9,6 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -346,6 +348,48 @@ TEST(RemoteFree, PagesOfAnIdleOwnerWhoseBlocksAllCameBackGoToThePool) {
   EXPECT_TRUE(tray_test::free_checked(kept));
   tray_trim();
   EXPECT_EQ(probe_class_pages(), pages_before);
+}
+
+// A stack of more runs than one look walks (kRemoteReclaimRuns): each look chains what it
+// walked into a run per page and puts the rest back behind it, so later looks reach the
+// rest, and the pages still go once all their blocks wait.
+TEST(RemoteFree, AnIdleOwnersStackLongerThanALookIsTakenInSeveralLooks) {
+  constexpr size_t kBytes = 48;
+  const unsigned c = tray::size_class_of(kBytes);
+  const size_t count = 3 * tray::kRemoteReclaimRuns + 7 * tray::class_blocks_per_page(c);
+  tray_trim();
+  const unsigned long long pages_before = tray_test::stats_now().classes[c].pages;
+  std::vector<Block> blocks;
+  for (size_t i = 0; i < count; ++i) blocks.push_back(tray_test::allocate_filled(kBytes));
+  std::atomic<size_t> corrupt{0};
+  unsigned long long pages_after_looks = 0;
+  std::thread([&] {
+    // One block of each page in turn: consecutive frees never share a page, so every block
+    // is a run of its own. (Pages of this class are one 64 KiB unit, aligned.)
+    std::map<uintptr_t, std::vector<Block>> by_page;
+    for (const Block& block : blocks) by_page[reinterpret_cast<uintptr_t>(block.ptr) >> 16].push_back(block);
+    for (bool any = true; any;) {
+      any = false;
+      for (auto& [unit, page_blocks] : by_page) {
+        if (page_blocks.empty()) continue;
+        any = true;
+        if (!tray_test::free_checked(page_blocks.back())) corrupt.fetch_add(1);
+        page_blocks.pop_back();
+      }
+    }
+    std::vector<Block> own;
+    for (int look = 0; look < 12; ++look) {
+      for (const Block& block : allocate_until_a_page_is_taken(4000)) own.push_back(block);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * tray::kRemoteReclaimIdleMs + 1));
+    }
+    pages_after_looks = tray_test::stats_now().classes[c].pages;
+    for (const Block& block : own)
+      if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
+  }).join();
+  EXPECT_EQ(corrupt.load(), 0u);
+  EXPECT_LE(pages_after_looks, pages_before + 1) << "pages whose blocks all wait stayed";
+  tray_trim();
+  EXPECT_EQ(tray_test::stats_now().classes[c].pages, pages_before);
 }
 
 // Only floating pages (full, out of their queue) may change hands: the page a class allocates
