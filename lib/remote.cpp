@@ -1,6 +1,7 @@
 #include "remote.hpp"
 
 #include <cstddef>
+#include <new>
 
 #include "free_key.hpp"
 #include "heap.hpp"
@@ -169,10 +170,13 @@ TRAY_INLINE Block* run_end(Block* run, Room room, uint32_t* count) {
   return header.last;
 }
 
+}  // namespace
+
 // The runs of each page met in a taken stack, chained into one run per page: open addressing
 // over a few hundred pages (runs of pages past that, and of pages whose blocks have no room for
-// a run header, stay as they were).
-class PageRuns {
+// a run header, stay as they were). 8 KiB: a heap maps its own (Heap::reclaim_table) rather
+// than put it on the stack of a thread that may have 16 KiB in all.
+class ReclaimTable {
  public:
   struct Chain {
     const Page* page;
@@ -180,18 +184,23 @@ class PageRuns {
     Block* last;
     uint64_t blocks;
   };
-  // The page's chain, or nullptr when the table is full.
-  Chain* find_or_add(const Page* page) {
+  // The page's chain, or nullptr when the table is full; `used` counts the pages added (kept
+  // by the caller, so that the table is 8 KiB exactly).
+  Chain* find_or_add(const Page* page, unsigned& used) {
     unsigned i = hash(page);
     while (chains_[i].page != nullptr && chains_[i].page != page) i = (i + 1) & kMask;
     if (chains_[i].page == page) return &chains_[i];
-    if (used_ == kMaxUsed) return nullptr;
-    ++used_;
+    if (used == kMaxUsed) return nullptr;
+    ++used;
     chains_[i] = {page, nullptr, nullptr, 0};
     return &chains_[i];
   }
   Chain* begin() { return chains_; }
   Chain* end() { return chains_ + kRemoteReclaimPages; }
+  // In place: a temporary to copy from would be the 8 KiB on the stack this table avoids.
+  void clear() {
+    for (Chain& chain : chains_) chain = {};
+  }
 
  private:
   static_assert((kRemoteReclaimPages & (kRemoteReclaimPages - 1)) == 0, "indexed by a mask");
@@ -204,8 +213,25 @@ class PageRuns {
   }
 
   Chain chains_[kRemoteReclaimPages] = {};
-  unsigned used_ = 0;
 };
+static_assert(sizeof(ReclaimTable) == kRemoteReclaimPages * sizeof(ReclaimTable::Chain),
+              "the slots and nothing else: 8 KiB, two OS pages");
+
+namespace {
+
+// The heap's table, empty; nullptr if it cannot be mapped.
+ReclaimTable* reclaim_table_of(Heap* self) {
+  if (self->reclaim_table == nullptr) {
+    const size_t bytes = align_up(sizeof(ReclaimTable), os::page_size());
+    void* memory = os::map(bytes);
+    if (memory == nullptr) return nullptr;
+    count_add(g_totals.bytes_metadata, bytes);
+    self->reclaim_table = new (memory) ReclaimTable;
+    return self->reclaim_table;
+  }
+  self->reclaim_table->clear();
+  return self->reclaim_table;
+}
 
 // A list built by appending runs (first..last), in the order they come.
 struct RunList {
@@ -258,16 +284,16 @@ void push_remote_unbounded(Heap* owner, Block* first) {
 // stack goes back as it was, for later looks to reach once the runs before it are chained.
 // Returns the list pushed back if the look walked all of it (else nullptr), for the caller to
 // tell whether a later look would find anything new.
-Block* reclaim_pages(Heap* owner) {
+Block* reclaim_pages(Heap* owner, ReclaimTable& pages) {
   Block* run = owner->remote_free.exchange(nullptr, std::memory_order_acquire);
   if (run == nullptr) return nullptr;
-  PageRuns pages;
   RunList unchained;
+  unsigned used = 0;
   for (uint32_t walked = 0; run != nullptr && walked < kRemoteReclaimRuns; ++walked) {
     Page* page = unit_page_of(run);
     const Room room = room_of(page);
-    PageRuns::Chain* chain = nullptr;
-    if (room != Room::kNone && (chain = pages.find_or_add(page)) == nullptr) break;
+    ReclaimTable::Chain* chain = nullptr;
+    if (room != Room::kNone && (chain = pages.find_or_add(page, used)) == nullptr) break;
     uint32_t count;
     Block* last = run_end(run, room, &count);
     Block* next = last->next;
@@ -282,7 +308,7 @@ Block* reclaim_pages(Heap* owner) {
     run = next;
   }
   RunList kept;
-  for (PageRuns::Chain& chain : pages) {
+  for (ReclaimTable::Chain& chain : pages) {
     if (chain.page == nullptr) continue;
     if (page_all_in_hand(chain.page, chain.blocks)) {
       chain.first = nullptr;  // taken: given to the pool below
@@ -302,7 +328,7 @@ Block* reclaim_pages(Heap* owner) {
   } else if (kept.first != nullptr) {
     push_remote(owner, kept.first, kept.last);
   }
-  for (PageRuns::Chain& chain : pages) {
+  for (ReclaimTable::Chain& chain : pages) {
     if (chain.page == nullptr || chain.first != nullptr) continue;
     auto* page = const_cast<Page*>(chain.page);
     page->floating = false;
@@ -363,7 +389,9 @@ void remote_flush_and_reclaim(Heap* self) noexcept {
       continue;
     }
     if (now - watch.since_ms < kRemoteReclaimIdleMs) continue;
-    watch.left = reclaim_pages(owner);
+    ReclaimTable* table = reclaim_table_of(self);
+    if (table == nullptr) return;
+    watch.left = reclaim_pages(owner, *table);
     watch.since_ms = now;
   }
 }

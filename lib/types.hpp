@@ -24,6 +24,7 @@ struct Block {
 
 struct Heap;
 struct Quarantine;
+class ReclaimTable;
 
 // The samplers that pick allocations out of the byte stream (see sample.hpp), as bits.
 enum Sampler : unsigned { kSamplerProf = 1u << 0, kSamplerGuard = 1u << 1 };
@@ -188,6 +189,9 @@ struct Heap {
   // collector of a parked heap, one at a time) with a load and a store; read by senders, to
   // tell an owner that stopped taking its blocks in.
   std::atomic<uint32_t> drains{0};
+  // Where this heap's thread counts pages when it looks at an idle owner's stack (remote.cpp):
+  // mapped at its first look; too big for a thread's stack inside malloc.
+  ReclaimTable* reclaim_table = nullptr;
 };
 
 inline constexpr uint32_t kLargeMagic = 0x4C415247;  // "LARG"
