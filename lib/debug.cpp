@@ -154,9 +154,8 @@ uint32_t* states_of(Page* page) {
   uint32_t*& states = page_debug_states(page);
   if (states == nullptr) {
     const size_t bytes = page_debug_states_bytes(page);
-    void* table = os::map(bytes);  // zero: every block starts as never handed out
+    void* table = map_metadata(bytes);  // zero: every block starts as never handed out
     if (table == nullptr) return nullptr;
-    count_add(g_totals.bytes_metadata, bytes);
     states = static_cast<uint32_t*>(table);
   }
   return states;
@@ -301,10 +300,8 @@ void release_oldest(Heap* heap, Quarantine* q) {
 
 Quarantine* quarantine_of(Heap* heap) {
   if (heap->quarantine == nullptr) {
-    const size_t bytes = align_up(sizeof(Quarantine), os::page_size());
-    void* memory = os::map(bytes);
+    void* memory = map_metadata(align_up(sizeof(Quarantine), os::page_size()));
     if (memory == nullptr) return nullptr;
-    count_add(g_totals.bytes_metadata, bytes);
     heap->quarantine = new (memory) Quarantine;
   }
   return heap->quarantine;

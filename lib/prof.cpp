@@ -53,21 +53,15 @@ std::atomic<uint64_t> g_rate{0};
 void lock_for_fork() { g_lock.lock(); }
 void unlock_after_fork() { g_lock.unlock(); }
 
-void* map_table(size_t bytes) {
-  void* p = os::map(bytes);
-  if (p != nullptr) count_add(g_totals.bytes_metadata, bytes);
-  return p;
-}
-
 // The tables and the heap, at the first sample (under g_lock). The fork handlers are
 // registered after the heaps' (a thread has a heap before it samples), so fork takes this
 // lock before theirs, in the order a sample takes them.
 bool ready() {
   if (g_live != nullptr) return true;
   Heap* heap = heap_create_unowned();
-  auto* stacks = static_cast<ProfStack*>(map_table(kProfStackSlots * sizeof(ProfStack)));
-  auto* index = static_cast<uint32_t*>(map_table(kStackIndexSlots * sizeof(uint32_t)));
-  auto* live = static_cast<LiveEntry*>(map_table(kProfLiveFirstSlots * sizeof(LiveEntry)));
+  auto* stacks = static_cast<ProfStack*>(map_metadata(kProfStackSlots * sizeof(ProfStack)));
+  auto* index = static_cast<uint32_t*>(map_metadata(kStackIndexSlots * sizeof(uint32_t)));
+  auto* live = static_cast<LiveEntry*>(map_metadata(kProfLiveFirstSlots * sizeof(LiveEntry)));
   if (heap == nullptr || stacks == nullptr || index == nullptr || live == nullptr) return false;
   os::register_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
   g_prof_heap.store(heap, std::memory_order_relaxed);
@@ -169,7 +163,7 @@ void live_insert(const LiveEntry& entry) {
 bool live_room() {
   if (g_live_used < g_live_slots / 4 * 3) return true;
   if (g_live_slots == kProfLiveSlots) return false;
-  auto* bigger = static_cast<LiveEntry*>(map_table(g_live_slots * 2 * sizeof(LiveEntry)));
+  auto* bigger = static_cast<LiveEntry*>(map_metadata(g_live_slots * 2 * sizeof(LiveEntry)));
   if (bigger == nullptr) return false;
   LiveEntry* old = g_live;
   const size_t old_slots = g_live_slots;

@@ -222,10 +222,8 @@ namespace {
 // The heap's table, empty; nullptr if it cannot be mapped.
 ReclaimTable* reclaim_table_of(Heap* self) {
   if (self->reclaim_table == nullptr) {
-    const size_t bytes = align_up(sizeof(ReclaimTable), os::page_size());
-    void* memory = os::map(bytes);
+    void* memory = map_metadata(align_up(sizeof(ReclaimTable), os::page_size()));
     if (memory == nullptr) return nullptr;
-    count_add(g_totals.bytes_metadata, bytes);
     self->reclaim_table = new (memory) ReclaimTable;
     return self->reclaim_table;
   }

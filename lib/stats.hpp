@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/bits.hpp"
+#include "platform/os.hpp"
 #include "size_classes.hpp"
 
 // CMake TRAY_STATS=OFF compiles the per-heap counters out (to measure what they cost).
@@ -85,6 +86,13 @@ inline void count_add(std::atomic<size_t>& counter, size_t n) {
 }
 inline void count_sub(std::atomic<size_t>& counter, size_t n) {
   counter.fetch_sub(n, std::memory_order_relaxed);
+}
+// Memory for the allocator's own tables (a heap's side tables, debug and profile tables),
+// counted in bytes_metadata; zeroed, as a fresh mapping is. nullptr if the OS refuses.
+inline void* map_metadata(size_t bytes) {
+  void* memory = os::map(bytes);
+  if (memory != nullptr) count_add(g_totals.bytes_metadata, bytes);
+  return memory;
 }
 inline void count_max(std::atomic<size_t>& counter, size_t value) {
   size_t seen = counter.load(std::memory_order_relaxed);

@@ -78,8 +78,8 @@ inline constexpr unsigned kRemotePrefetchRuns = 8;
 // waiting for a core), and gives back to the pool the pages whose every block lies in it.
 inline constexpr uint64_t kRemoteReclaimIdleMs = 2;
 // What one such look walks at most: runs of blocks, and pages it counts blocks for (a table
-// of this many slots on the stack, filled to three quarters). The rest of the stack waits for
-// the next look.
+// of this many slots that each heap maps, filled to three quarters). The rest of the stack
+// waits for the next look.
 inline constexpr uint32_t kRemoteReclaimRuns = 8192;
 inline constexpr unsigned kRemoteReclaimPages = 256;
 
