@@ -8,6 +8,7 @@
 #include "options.hpp"
 #include "platform/os.hpp"
 #include "report.hpp"
+#include "sample.hpp"
 #include "segment.hpp"
 #include "track.hpp"
 
@@ -153,6 +154,7 @@ void purger_start() {
     g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
     return;
   }
+  SamplingPause pause;  // what libc allocates for the thread is not the program's
   const bool started = os::start_thread(purger_main);
   g_purger_state.store(started ? PurgerState::kRunning : PurgerState::kOff,
                        std::memory_order_release);

@@ -11,6 +11,7 @@
 namespace tray {
 
 constinit std::atomic<uint32_t> g_sample_generation{1};
+__thread unsigned tls_sampling_paused = 0;
 
 namespace {
 
@@ -109,7 +110,7 @@ unsigned sample_take(Heap* heap, unsigned stream) {
     }
   }
   arm(heap, stream);
-  return fired;
+  return tls_sampling_paused == 0 ? fired : 0;
 }
 
 uint64_t sample_requested_bytes(const Heap* heap, unsigned size_class) {

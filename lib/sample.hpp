@@ -47,6 +47,18 @@ size_t sample_class_alignment(unsigned size_class);
 
 extern constinit std::atomic<uint32_t> g_sample_generation;
 
+// What libc allocates through malloc on the allocator's behalf (the purger thread's start-up:
+// pthread_create's thread-local storage, live until that thread is long gone) is no program's
+// allocation: a profile would report it as a leak at exit, and a guarded slot would be held by
+// it. Samplers pass over the allocations of a thread while it holds a SamplingPause.
+extern __thread unsigned tls_sampling_paused;
+struct SamplingPause {
+  SamplingPause() { ++tls_sampling_paused; }
+  ~SamplingPause() { --tls_sampling_paused; }
+  SamplingPause(const SamplingPause&) = delete;
+  SamplingPause& operator=(const SamplingPause&) = delete;
+};
+
 TRAY_INLINE void* sample_after_countdown(Heap* heap, unsigned stream, size_t size,
                                          size_t alignment, bool zero) {
   const unsigned fired = sample_take(heap, stream);
