@@ -114,7 +114,7 @@ std::atomic<int64_t> g_index_bytes{0};  // resident bytes of the workers' indexe
 class Worker {
  public:
   Worker(unsigned id, size_t target_bytes, workload::CheckCounter& checks)
-      : id_(id), target_(target_bytes), checks_(checks), slots_(target_bytes / 8 + kInboxBlocks),
+      : target_(target_bytes), checks_(checks), slots_(target_bytes / 8 + kInboxBlocks),
         inbox_(kInboxBlocks), rng_(7000 + id) {}
 
   void set_neighbour(Worker* next) { neighbour_ = next; }
@@ -203,7 +203,6 @@ class Worker {
     pending_.store(false, std::memory_order_relaxed);
   }
 
-  unsigned id_;
   size_t target_;
   workload::CheckCounter& checks_;
   MappedArray<Slot> slots_;

@@ -58,7 +58,9 @@ TRAY_PUBLIC void free_aligned_sized(void* p, size_t, size_t) noexcept { dealloc(
 // glibc's internal names, which some programs and libraries call directly. The aliases share
 // the targets' code; only the attributes glibc's headers put on the targets differ.
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // clang has no such warning
 #pragma GCC diagnostic ignored "-Wmissing-attributes"
+#endif
 TRAY_PUBLIC void* __libc_malloc(size_t) noexcept TRAY_ALIAS(malloc);
 TRAY_PUBLIC void __libc_free(void*) noexcept TRAY_ALIAS(free);
 TRAY_PUBLIC void* __libc_calloc(size_t, size_t) noexcept TRAY_ALIAS(calloc);

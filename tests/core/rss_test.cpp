@@ -23,8 +23,6 @@ using tray_test::kMiB;
 
 // Sanitizers add resident memory of their own, so under them the burst is smaller.
 constexpr size_t kSmallBurstBytes = tray_test::kSanitized ? 256 * kMiB : 1024 * kMiB;
-// More than a heap keeps of its own empty pages, so that it has to go to the page pool.
-constexpr size_t kSmallAfterBurstBytes = 4 * tray::kHeapRetainedBytes;
 constexpr size_t kLargeBlockBytes = 16 * kMiB;
 constexpr size_t kLargeBlockCount = tray_test::kSanitized ? 16 : 64;
 

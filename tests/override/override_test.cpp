@@ -40,6 +40,8 @@ const size_t kPageBytes = size_t(sysconf(_SC_PAGESIZE));
 // Half the address space: no allocation can succeed. Volatile, so that the compiler neither
 // warns about the impossible requests nor assumes anything about their outcome.
 volatile size_t g_impossible_bytes = SIZE_MAX / 2;
+// An alignment that is no power of two, volatile for the same reasons.
+volatile size_t g_alignment_48 = 48;
 
 const std::vector<size_t> kSizes = {0,     1,      7,      8,      9,      16,      24,
                                     100,   512,    1000,   4096,   10000,  65536,   131072,
@@ -213,12 +215,12 @@ TEST(AlignedAlloc, AlignsAndRejectsNonPowersOfTwo) {
     free(p);
   }
   errno = 0;
-  EXPECT_EQ(aligned_alloc(48, 96), nullptr);
+  EXPECT_EQ(aligned_alloc(g_alignment_48, 96), nullptr);
   EXPECT_EQ(errno, EINVAL);
 }
 
 TEST(Memalign, RoundsAnAlignmentUpToAPowerOfTwo) {
-  void* p = memalign(48, 100);
+  void* p = memalign(g_alignment_48, 100);
   ASSERT_NE(p, nullptr);
   EXPECT_TRUE(is_aligned(p, 64));
   EXPECT_EQ(tray_owns(p), 1);
