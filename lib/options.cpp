@@ -45,6 +45,7 @@ constexpr OptionSpec kSpecs[] = {
     {"guard_slots", Kind::kCount, 64, {}, false},
     {"purge_thread", Kind::kFlag, 1, {}, false},
     {"stats_interval", Kind::kSeconds, 0, {}, false},
+    {"sparse_delay_ms", Kind::kCount, 0, {}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 

@@ -30,6 +30,7 @@ enum class Option : unsigned {
   kGuardSlots,   // guarded blocks kept at once, live or freed (read at the first guarded one)
   kPurgeThread,  // 1: a helper thread gives memory back once its delay runs out (purger.hpp)
   kStatsInterval,  // seconds between periodic dumps (on the purger's thread); 0 for none
+  kSparseDelayMs,  // ms a class must take no new page before its sparse pages give back OS pages
   kCount,
 };
 

@@ -177,6 +177,8 @@ struct Heap {
   // kSparseHeadIdleMs is looked at like the other pages (sparse.cpp).
   Block* sparse_head_free[kSizeClassCount] = {};
   uint64_t sparse_head_since_ms[kSizeClassCount] = {};
+  // Per class, when a sparse pass last saw it take a new page (sparse_delay_ms).
+  uint64_t sparse_class_busy_ms[kSizeClassCount] = {};
   // Blocks this heap's thread freed into other heaps, gathered per owner so that frees to
   // several owners, interleaved, still cost one compare-and-swap per batch (see RemoteBucket).
   RemoteBucket outgoing[kRemoteBuckets];

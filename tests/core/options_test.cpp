@@ -27,6 +27,10 @@ TEST(Options, SetReportsUnknownNamesAndBadValues) {
   EXPECT_EQ(tray_option_set("stats", "0"), 0);
   EXPECT_EQ(tray_option_set("stats_signal", "SIGNOPE"), EINVAL);
   EXPECT_EQ(tray_option_set("stats_signal", "none"), 0);
+  EXPECT_EQ(tray_option_set("sparse_delay_ms", "250"), 0);
+  EXPECT_EQ(tray_option_set("sparse_delay_ms", "250ms"), EINVAL);
+  EXPECT_EQ(tray_option_set("sparse_delay_ms", "-1"), EINVAL);
+  EXPECT_EQ(tray_option_set("sparse_delay_ms", "0"), 0);
   EXPECT_EQ(tray_option_set("nonsense", "1"), EINVAL);
   EXPECT_EQ(tray_option_set(nullptr, "1"), EINVAL);
   EXPECT_EQ(tray_option_set("stats", nullptr), EINVAL);

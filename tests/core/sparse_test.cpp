@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <string>
 #include <thread>
 #include <chrono>
 #include <vector>
@@ -107,6 +108,30 @@ TEST(Sparse, SlowPathsGiveBackSparsePagesWithoutTrim) {
   EXPECT_GE(tray_test::stats_now().released_bytes - sparse.released_bytes, kTotalBytes * 3 / 8);
   for (const Held& held : kept) EXPECT_TRUE(intact(held, kSize));
   for (const Held& held : kept) tray_free(held.p);
+}
+
+// sparse_delay_ms: a class that took a new page within that many milliseconds keeps its
+// sparse pages whole through the passes; once it has been quiet that long, they go as above.
+TEST(Sparse, DelayKeepsTheSparsePagesOfARecentlyBusyClass) {
+  constexpr int kDelayMs = 1000;
+  ASSERT_EQ(tray_option_set("sparse_delay_ms", std::to_string(kDelayMs).c_str()), 0);
+  constexpr size_t kSize = 8192;
+  const std::vector<Held> kept = sparse_class(kSize, kTotalBytes / kSize, 16);
+  const tray_stats sparse = tray_test::stats_now();
+  const auto slow_path_after = [](int wait_ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    void* large = tray_malloc(2 * tray::kMaxSmallBytes);
+    ASSERT_NE(large, nullptr);
+    tray_free(large);
+  };
+  for (int pass = 0; pass < 2; ++pass) slow_path_after(int(tray::kSparsePassMs) * 2);
+  EXPECT_LT(tray_test::stats_now().released_bytes - sparse.released_bytes, kTotalBytes / 16);
+  slow_path_after(kDelayMs + 100);
+  slow_path_after(int(tray::kSparsePassMs) * 2);
+  EXPECT_GE(tray_test::stats_now().released_bytes - sparse.released_bytes, kTotalBytes * 3 / 8);
+  for (const Held& held : kept) EXPECT_TRUE(intact(held, kSize));
+  for (const Held& held : kept) tray_free(held.p);
+  EXPECT_EQ(tray_option_set("sparse_delay_ms", "0"), 0);
 }
 
 // The page a class allocates from (its queue's head) holds up to 8 blocks of 16 KiB and
