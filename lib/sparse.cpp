@@ -80,8 +80,9 @@ void store_purged(const Page* page, Geometry g, const OsPageSet& set) {
   }
 }
 
-bool overlaps(const OsPageSet& set, size_t block, size_t block_bytes, size_t os_page) {
-  return set.any_in(block * block_bytes / os_page, ((block + 1) * block_bytes - 1) / os_page);
+bool overlaps(const OsPageSet& set, size_t block, size_t block_bytes, unsigned os_page_shift) {
+  return set.any_in((block * block_bytes) >> os_page_shift,
+                    ((block + 1) * block_bytes - 1) >> os_page_shift);
 }
 
 Block* block_at(const Page* page, size_t i) {
@@ -103,7 +104,7 @@ size_t block_index(const Page* page, const Block* b) {
 // their OS page went, and come back only all at once (sparse_refill): one found there was
 // freed since, a second time.
 void check_not_given_back(const Page* page, const Block* b, Geometry g, const OsPageSet& purged) {
-  if (kReleaseChecks && overlaps(purged, block_index(page, b), page->block_bytes, g.os_page))
+  if (kReleaseChecks && overlaps(purged, block_index(page, b), page->block_bytes, g.os_page_shift))
     report_sparse_block_reused(b, page);
 }
 
@@ -147,7 +148,7 @@ bool scrub_page(Page* page, Geometry g) {
     const size_t last = ((p + 1) * g.os_page - 1) / block_bytes;
     bool all_free = true;
     for (size_t i = first; i <= last && all_free; ++i)
-      all_free = on_list.test(i) || overlaps(purged, i, block_bytes, g.os_page);
+      all_free = on_list.test(i) || overlaps(purged, i, block_bytes, g.os_page_shift);
     if (all_free) {
       merged.set(p);
       any_new = true;
@@ -158,7 +159,7 @@ bool scrub_page(Page* page, Geometry g) {
   Block* head = nullptr;
   Block** tail = &head;
   for (size_t i = 0; i < capacity; ++i) {
-    if (!on_list.test(i) || overlaps(merged, i, block_bytes, g.os_page)) continue;
+    if (!on_list.test(i) || overlaps(merged, i, block_bytes, g.os_page_shift)) continue;
     *tail = block_at(page, i);
     tail = &(*tail)->next;
   }
@@ -289,7 +290,7 @@ bool sparse_refill(Page* page) {
   if (kReleaseChecks) check_given_back_untouched(page, g, purged);
   const size_t block_bytes = page->block_bytes;
   for (size_t i = page->capacity; i-- > 0;) {
-    if (!overlaps(purged, i, block_bytes, g.os_page)) continue;
+    if (!overlaps(purged, i, block_bytes, g.os_page_shift)) continue;
     Block* block = block_at(page, i);
     block->next = page->free;
     page->free = block;
