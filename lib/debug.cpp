@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <new>
 
 #include "core/config.hpp"
 #include "core/format.hpp"
@@ -299,11 +298,7 @@ void release_oldest(Heap* heap, Quarantine* q) {
 }
 
 Quarantine* quarantine_of(Heap* heap) {
-  if (heap->quarantine == nullptr) {
-    void* memory = map_metadata(align_up(sizeof(Quarantine), os::page_size()));
-    if (memory == nullptr) return nullptr;
-    heap->quarantine = new (memory) Quarantine;
-  }
+  if (heap->quarantine == nullptr) heap->quarantine = new_metadata<Quarantine>();
   return heap->quarantine;
 }
 

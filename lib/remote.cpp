@@ -1,7 +1,6 @@
 #include "remote.hpp"
 
 #include <cstddef>
-#include <new>
 
 #include "free_key.hpp"
 #include "heap.hpp"
@@ -221,12 +220,7 @@ namespace {
 
 // The heap's table, empty; nullptr if it cannot be mapped.
 ReclaimTable* reclaim_table_of(Heap* self) {
-  if (self->reclaim_table == nullptr) {
-    void* memory = map_metadata(align_up(sizeof(ReclaimTable), os::page_size()));
-    if (memory == nullptr) return nullptr;
-    self->reclaim_table = new (memory) ReclaimTable;
-    return self->reclaim_table;
-  }
+  if (self->reclaim_table == nullptr) return self->reclaim_table = new_metadata<ReclaimTable>();
   self->reclaim_table->clear();
   return self->reclaim_table;
 }

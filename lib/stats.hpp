@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 
 #include "core/bits.hpp"
 #include "platform/os.hpp"
@@ -93,6 +94,12 @@ inline void* map_metadata(size_t bytes) {
   void* memory = os::map(bytes);
   if (memory != nullptr) count_add(g_totals.bytes_metadata, bytes);
   return memory;
+}
+// One such table, a T built in OS pages of its own (a heap's side tables). nullptr as above.
+template <class T>
+T* new_metadata() {
+  void* memory = map_metadata(align_up(sizeof(T), os::page_size()));
+  return memory != nullptr ? new (memory) T : nullptr;
 }
 inline void count_max(std::atomic<size_t>& counter, size_t value) {
   size_t seen = counter.load(std::memory_order_relaxed);
