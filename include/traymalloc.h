@@ -124,6 +124,7 @@ typedef struct tray_stats {
   unsigned long long remote_frees;     /* frees of a block owned by another thread's heap */
   unsigned long long foreign_frees;    /* frees of pointers traymalloc does not own */
   unsigned long long debug_errors;     /* errors debug mode reported (debug_abort=0) */
+  /* system calls; a process_madvise that gives back a list of ranges counts as one madvise */
   unsigned long long os_mmap, os_munmap, os_madvise, os_mremap, os_mprotect;
 } tray_stats;
 

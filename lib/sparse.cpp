@@ -108,6 +108,34 @@ void check_not_given_back(const Page* page, const Block* b, Geometry g, const Os
     report_sparse_block_reused(b, page);
 }
 
+// The OS pages a pass gives back, handed to the OS a list at a time (os::purge_ranges): one
+// system call for up to 32 ranges of one or two OS pages, where madvise took one each.
+class GiveBack {
+ public:
+  GiveBack() = default;
+  GiveBack(const GiveBack&) = delete;
+  GiveBack& operator=(const GiveBack&) = delete;
+  ~GiveBack() { flush(); }
+
+  void add(uint8_t* start, size_t bytes) {
+    ranges_[count_++] = {start, bytes, false};
+    if (count_ == os::kPurgeListRanges) flush();
+  }
+
+ private:
+  // Where the OS keeps the pages (locked memory), they must still read as zero for
+  // check_given_back_untouched.
+  void flush() {
+    os::purge_ranges(ranges_, count_);
+    for (size_t i = 0; i < count_; ++i)
+      if (!ranges_[i].purged) std::memset(ranges_[i].start, 0, ranges_[i].bytes);
+    count_ = 0;
+  }
+
+  os::PurgeRange ranges_[os::kPurgeListRanges];
+  size_t count_ = 0;
+};
+
 // A walk of a page's free list waits for one cache miss after another (a fifth of the
 // fragmentation workload's time went there): this starts the loads of every carved block's
 // first line at once, in address order, and the walk finds them in the cache (4096 lines,
@@ -124,8 +152,8 @@ void prefetch_carved(const Page* page, Geometry g, const OsPageSet& purged, bool
 
 // Gives back every OS page of the carved part of `page` whose blocks are all free (on the
 // free list, or out already), and rebuilds the free list, in address order, without them.
-// True if any went back.
-bool scrub_page(Page* page, Geometry g) {
+// True if any went back (to `give_back`, which hands them to the OS).
+bool scrub_page(Page* page, Geometry g, GiveBack& give_back) {
   const size_t block_bytes = page->block_bytes;
   const size_t capacity = page->capacity;
   const size_t whole_os_pages = capacity * block_bytes / g.os_page;
@@ -174,9 +202,7 @@ bool scrub_page(Page* page, Geometry g) {
     size_t end = p + 1;
     while (end < whole_os_pages && merged.test(end) && !purged.test(end)) ++end;
     const size_t bytes = (end - p) * g.os_page;
-    // Where the OS keeps the pages (locked memory), they must still read as zero for
-    // check_given_back_untouched.
-    if (!os::purge(page->blocks + p * g.os_page, bytes)) std::memset(page->blocks + p * g.os_page, 0, bytes);
+    give_back.add(page->blocks + p * g.os_page, bytes);
     count_add(g_totals.bytes_purged, bytes);
     count_add(g_totals.bytes_decommitted, bytes);
     p = end;
@@ -212,6 +238,7 @@ bool sparse_pass(Heap* heap, bool force) {
   heap->sparse_pass_ms = now;
   const uint64_t delay_ms = uint64_t(option(Option::kSparseDelayMs));
   bool released = false;
+  GiveBack give_back;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     // A class whose head page changed since the last pass is still growing through its queue:
     // its head reaches the sparse pages soon and would fault back in whatever went (thread
@@ -240,7 +267,7 @@ bool sparse_pass(Heap* heap, bool force) {
         continue;
       if (!force && !worth_a_look(page, g)) continue;
       page->scrubbed_used = uint16_t(page->used);
-      released |= scrub_page(page, g);
+      released |= scrub_page(page, g, give_back);
     }
     heap->sparse_head_free[c] = head->free;
   }

@@ -35,6 +35,17 @@ void unmap(void* p, size_t bytes);
 // Gives the pages back to the OS; the range stays mapped and reads as zero afterwards.
 // false if the kernel refused: the pages then keep what they held.
 bool purge(void* p, size_t bytes);
+// A range for purge_ranges, and what became of it.
+struct PurgeRange {
+  void* start;
+  size_t bytes;
+  bool purged;  // out: purge's result for this range
+};
+// purge for many ranges: one system call per kPurgeListRanges of them where the kernel takes a
+// list (process_madvise on the process itself), one madvise each elsewhere. Returns how many
+// were purged. Fault injection (below) counts and fails ranges one at a time, as purge does.
+inline constexpr size_t kPurgeListRanges = 32;  // 768 bytes of a slow path's stack
+size_t purge_ranges(PurgeRange* ranges, size_t count);
 // Makes the range inaccessible (any touch faults) and gives its pages back to the OS.
 void protect_none(void* p, size_t bytes);
 // Makes the range inaccessible and keeps its pages (cheaper than protect_none when they will be
