@@ -152,6 +152,21 @@ bool purge(void* p, size_t bytes) {
 }
 
 namespace {
+// The first `capacity` bytes of a file such as /proc/self/statm, with the system calls
+// themselves (no C library interceptor between, see above; async-signal-safe), leaving errno
+// as it was; -1 if it could not be read.
+ssize_t read_small_file(const char* path, char* text, size_t capacity) {
+  const int saved = errno;
+  const int fd = int(syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC));
+  ssize_t length = -1;
+  if (fd >= 0) {
+    length = syscall(SYS_read, fd, text, capacity);
+    syscall(SYS_close, fd);
+  }
+  errno = saved;
+  return length;
+}
+
 // strstr without the C library (an ASan interceptor may not be ready yet, see above).
 bool contains(const char* text, const char* word) {
   if (text == nullptr) return false;
@@ -169,19 +184,53 @@ bool contains(const char* text, const char* word) {
 // Linux 6.18), the TLB flush included where a second thread ran on another core. Its handle
 // PIDFD_SELF_THREAD_GROUP (not in older headers) names this process without a file descriptor:
 // the program cannot close it, and after fork it names the child. Kernels that do not know the
-// handle or refuse MADV_DONTNEED there fail the call; the list is then switched off for good.
+// handle or refuse MADV_DONTNEED there fail the call; lists are then off for the process.
 constexpr int kPidfdSelfThreadGroup = -10001;
-enum : int { kListUntried, kListWorks, kListOff };
-constinit std::atomic<int> g_purge_list{kListUntried};
+constinit std::atomic<bool> g_lists_refused{false};
+
+// A thread under a seccomp filter never makes the call: a filter written before the call
+// existed may kill the process for it (OpenSSH's privilege-separated child does, for any call
+// not on its list), where one madvise a range is what every malloc does. A program can install
+// a filter at any time, on one thread or all, so each thread looks at its own state again once
+// a second and in a new process (a forked child starts with its parent's copy of this); a
+// filter, once there, stays. What is left is the second after a filter comes: a program that
+// installs one that kills unknown calls long after its start may die in that second.
+constexpr uint64_t kSeccompRecheckMs = 1000;
+struct ListCheck {
+  int pid;  // 0 until the thread's first look
+  bool unfiltered;
+  uint64_t checked_ms;
+};
+__thread ListCheck tls_list_check;
+
+// True only if /proc says this thread has no seccomp filter ("Seccomp:\t0"). The field is
+// some 900 bytes in; a thread whose list of groups pushes it past the buffer reads as filtered.
+bool thread_unfiltered() {
+  char text[2048];
+  const ssize_t length = read_small_file("/proc/thread-self/status", text, sizeof text - 1);
+  if (length <= 0) return false;
+  text[length] = '\0';
+  static constexpr char kField[] = "\nSeccomp:\t";
+  for (const char* line = text; *line != '\0'; ++line) {
+    size_t i = 0;
+    while (kField[i] != '\0' && line[i] == kField[i]) ++i;
+    if (kField[i] == '\0') return line[i] == '0' && (line[i + 1] == '\n' || line[i + 1] == '\0');
+  }
+  return false;
+}
 
 bool purge_list_allowed() {
-  int state = g_purge_list.load(std::memory_order_relaxed);
-  if (state == kListUntried) {
-    // valgrind does not know the system call, and prints a warning on its first use.
-    state = contains(env("LD_PRELOAD"), "vgpreload") ? kListOff : kListWorks;
-    g_purge_list.store(state, std::memory_order_relaxed);
+  if (g_lists_refused.load(std::memory_order_relaxed) ||
+      (g_faults.kinds.load(std::memory_order_relaxed) & kFaultMadvise) != 0)
+    return false;
+  ListCheck& check = tls_list_check;
+  const uint64_t now = now_ms();
+  const int pid = process_id();
+  if (check.pid != pid || (check.unfiltered && now - check.checked_ms >= kSeccompRecheckMs)) {
+    // valgrind does not know the system call either, and warns on its first use.
+    check = {pid, !contains(env("LD_PRELOAD"), "vgpreload") && thread_unfiltered(), now};
   }
-  return state == kListWorks && (g_faults.kinds.load(std::memory_order_relaxed) & kFaultMadvise) == 0;
+  return check.unfiltered;
 }
 
 // Purges up to kPurgeListRanges ranges in one call. The kernel goes through them in order and
@@ -217,7 +266,7 @@ size_t purge_ranges(PurgeRange* ranges, size_t count) {
     PurgeRange& range = ranges[next++];
     range.purged = purge(range.start, range.bytes);
     purged += range.purged;
-    if (listed < 0 && range.purged) g_purge_list.store(kListOff, std::memory_order_relaxed);
+    if (listed < 0 && range.purged) g_lists_refused.store(true, std::memory_order_relaxed);
   }
   errno = saved;
   return purged;
@@ -377,15 +426,8 @@ bool resident_pages(const void* p, size_t bytes, unsigned char* out) {
 }
 
 size_t resident_bytes() {
-  const int saved = errno;
-  const int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
   char text[128];
-  ssize_t length = -1;
-  if (fd >= 0) {
-    length = read(fd, text, sizeof text - 1);
-    close(fd);
-  }
-  errno = saved;
+  const ssize_t length = read_small_file("/proc/self/statm", text, sizeof text - 1);
   if (length <= 0) return 0;
   // "size resident shared ...", in pages.
   ssize_t i = 0;

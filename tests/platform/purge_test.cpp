@@ -1,9 +1,15 @@
 // os::purge_ranges: many ranges given back at once (one process_madvise per list where the
 // kernel takes it, one madvise each elsewhere). Every range goes, nothing between them does,
-// a range the kernel refuses keeps its bytes without stopping the ranges after it, and fault
-// injection still fails ranges one at a time.
+// a range the kernel refuses keeps its bytes without stopping the ranges after it, fault
+// injection still fails ranges one at a time, and a process under a seccomp filter never
+// makes the call that gives the list.
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -131,6 +137,47 @@ TEST(PurgeRanges, InjectedFaultsFailRangesOneAtATime) {
                           refused ? kFill : 0))
         << "range " << i;
   }
+  munmap(a.base, a.pages * a.page);
+}
+
+// Kills the process at process_madvise, as a filter written before the call existed may (the
+// filter OpenSSH puts on its privilege-separated child kills at any call not on its list).
+bool kill_at_process_madvise() {
+  sock_filter program[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_madvise, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog filter = {static_cast<unsigned short>(sizeof program / sizeof program[0]), program};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter) == 0;
+}
+
+// The parent gave lists (where the kernel takes them) just before it forked; the child puts a
+// filter on itself first thing, as such children do, and then gives ranges back: one madvise
+// each, all of them purged, and the child lives.
+TEST(PurgeRanges, AProcessUnderASeccompFilterGetsNoList) {
+  const Area a = map_filled(kRanges * 3);
+  ASSERT_NE(a.base, nullptr);
+  std::vector<os::PurgeRange> ranges = spaced_ranges(a, kRanges);
+  ASSERT_EQ(os::purge_ranges(ranges.data(), ranges.size()), kRanges);
+  std::memset(a.base, kFill, a.pages * a.page);
+
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (!kill_at_process_madvise()) _exit(2);
+    std::vector<os::PurgeRange> again = spaced_ranges(a, kRanges);
+    if (os::purge_ranges(again.data(), again.size()) != kRanges) _exit(3);
+    for (const os::PurgeRange& r : again)
+      if (!all_bytes(static_cast<const unsigned char*>(r.start), r.bytes, 0)) _exit(4);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_FALSE(WIFSIGNALED(status)) << "the child was killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no filter, 3: a range not purged, 4: one kept its bytes";
   munmap(a.base, a.pages * a.page);
 }
 
