@@ -82,19 +82,10 @@ void small_block_burst(size_t total_bytes) {
 // builds it again at once does not fault it all back in), then the idle purger gives them back
 // with no further call into the allocator.
 constexpr auto kIdleWait = std::chrono::milliseconds(1500);
-// On a loaded machine the purger thread may wait for a core well past its deadline: the idle
-// tests look again until this long has gone by before they fail.
-constexpr auto kIdleWaitLoaded = std::chrono::milliseconds(5000);
 
-// Sleeps kIdleWait, then polls until `given_back()` or kIdleWaitLoaded has passed; returns
-// the last answer. Reading statistics gives nothing back: only the purger can make it true.
 template <typename Check>
 bool given_back_while_idle(Check given_back) {
-  const auto deadline = std::chrono::steady_clock::now() + kIdleWaitLoaded;
-  std::this_thread::sleep_for(kIdleWait);
-  while (!given_back() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  return given_back();
+  return tray_test::given_back_while_idle(kIdleWait, given_back);
 }
 
 TEST(Rss, SmallBlocksAreReturnedWhenIdle) {
