@@ -86,9 +86,9 @@ TEST(LargeCache, BurstFreedTogetherStaysCachedThenGoesBack) {
     ASSERT_NE(p, nullptr);
   }
   // The purger ends after a second with nothing to do, and a free cannot start it (DESIGN.md,
-  // "When the program goes quiet"): under TSan the blocks above take about that long, so it could end
-  // between the last malloc and the frees, and the burst would wait for the next allocation.
-  // A block freed first gives the purger work that outlasts the frees.
+  // "When the program goes quiet"): under TSan the blocks above take about that long, so it
+  // could end between the last malloc and the frees, and the burst would wait for the next
+  // allocation. A block freed first gives the purger work that outlasts the frees.
   tray_free(tray_malloc(kBlockBytes));
   for (void* p : blocks) tray_free(p);
   EXPECT_GT(cached_bytes(), tray::kLargeCacheFloorBytes);
