@@ -43,6 +43,10 @@ std::atomic<Heap*> g_all_heaps{nullptr};
 char* g_meta_cursor = nullptr;    // metadata bump allocation
 char* g_meta_end = nullptr;
 std::atomic<uint64_t> g_last_collect_ms{0};
+// One collection of parked heaps at a time, taken before g_heaps_lock. A collection holds the
+// heaps it works on off the stack, so a trim waits for one under way; the purger and threads'
+// slow paths leave the work to it.
+os::Mutex g_collect_lock;
 
 pthread_key_t g_exit_key;
 std::atomic<bool> g_process_ready{false};
@@ -149,7 +153,7 @@ void park(Heap* first, Heap* last) {
 // when a parked heap's retained pages will be due, or kNeverMs. Only the heaps with work
 // leave the parked stack, each going back as soon as it is done: a thread that starts during a
 // collection still finds the others to adopt instead of making a new heap.
-uint64_t collect_parked(bool every_heap, bool* released) {
+uint64_t collect_parked_locked(bool every_heap, bool* released) {
   const uint64_t now = os::now_ms();
   auto needs_work = [&](const Heap* heap) {
     return every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr ||
@@ -189,6 +193,18 @@ uint64_t collect_parked(bool every_heap, bool* released) {
   for (Heap* heap = g_parked.load(std::memory_order_acquire); heap != nullptr;
        heap = heap->next_abandoned)
     if (heap->retained_bytes != 0) due = std::min(due, heap->parked_ms + kPurgeDelayMs);
+  return due;
+}
+
+uint64_t collect_parked(bool every_heap, bool* released) {
+  if (every_heap) {
+    os::LockGuard guard(g_collect_lock);
+    return collect_parked_locked(true, released);
+  }
+  // The one collecting may leave retained pages that come due later: look again then.
+  if (!g_collect_lock.try_lock()) return os::now_ms() + kPurgeDelayMs;
+  const uint64_t due = collect_parked_locked(false, released);
+  g_collect_lock.unlock();
   return due;
 }
 
@@ -494,11 +510,17 @@ uint64_t heap_collect_idle() {
   return collect_parked(false, &released);
 }
 
-void heap_lock_for_fork() { g_heaps_lock.lock(); }
+void heap_lock_for_fork() {
+  g_collect_lock.lock();
+  g_heaps_lock.lock();
+}
 
 // In the child, threads other than the forking one do not exist. Their heaps may have been
 // caught halfway through a fast-path update, so they are left as they are, never parked or
 // handed out again: their pages stay allocated, and freeing their blocks works (remote frees).
-void heap_unlock_after_fork() { g_heaps_lock.unlock(); }
+void heap_unlock_after_fork() {
+  g_heaps_lock.unlock();
+  g_collect_lock.unlock();
+}
 
 }  // namespace tray

@@ -32,18 +32,6 @@ unsigned long long probe_class_pages() {
   return tray_test::stats_now().classes[c].pages;
 }
 
-// Trims until the probe class holds `pages` again, for up to 2 s: the idle purger's pass over
-// parked heaps takes them all off the stack while it works on them, and a trim meanwhile finds
-// none (heap.cpp, collect_parked; seen once under TSan). Blocks really lost keep their pages.
-bool trimmed_back_to(unsigned long long pages) {
-  for (int i = 0; i < 200; ++i) {
-    tray_trim();
-    if (probe_class_pages() == pages) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 std::vector<Block> allocate_probe_blocks(size_t count) {
   std::vector<Block> blocks;
   for (size_t i = 0; i < count; ++i) blocks.push_back(tray_test::allocate_filled(kProbeBytes));
@@ -109,8 +97,8 @@ TEST(RemoteFree, SenderExitsWithBlocksInTransit) {
   }).join();
   EXPECT_EQ(corrupt.load(), 0u);
   // A trim takes the remote frees in and gives empty pages back.
-  EXPECT_TRUE(trimmed_back_to(pages_before)) << "blocks stranded in the exited sender: "
-                                             << probe_class_pages() << " pages";
+  tray_trim();
+  EXPECT_EQ(probe_class_pages(), pages_before) << "blocks stranded in the exited sender";
 }
 
 // A sender frees, in turn, blocks of more owners than it has buckets, so that owners share a
@@ -153,8 +141,8 @@ TEST(RemoteFree, OneSenderFreesInTurnToMoreOwnersThanBuckets) {
         if (!tray_test::free_checked(blocks[i])) corrupt.fetch_add(1);
   }).join();
   EXPECT_EQ(corrupt.load(), 0u);
-  EXPECT_TRUE(trimmed_back_to(pages_before)) << "blocks lost between owners sharing a bucket: "
-                                             << probe_class_pages() << " pages";
+  tray_trim();
+  EXPECT_EQ(probe_class_pages(), pages_before) << "blocks lost between owners sharing a bucket";
 }
 
 // Blocks of a thread that has exited are freed by another: they land in a parked heap, which

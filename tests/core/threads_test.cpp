@@ -3,6 +3,7 @@
 // reused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "heap.hpp"
+#include "size_classes.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
 
@@ -253,6 +256,50 @@ TEST(Threads, AnExitedThreadsHeapKeepsAtMostItsRetainedBudgetOfEmptyPages) {
   EXPECT_LE(after, before + tray::kHeapRetainedBytes)
       << "an exited thread's heap kept " << (after - before) / tray_test::kKiB
       << " KiB of pages with no live block";
+}
+
+// A trim gives back the empty pages of every parked heap, those another thread is collecting
+// at that moment too. A collection (the purger's, or a thread's slow path) takes the heaps
+// with work off the parked stack while it works on them; a trim that did not wait for it found
+// them gone and left their pages held. Here a thread does nothing but collect, as the purger
+// does when parked heaps keep getting frees, while owners exit and their blocks are freed.
+TEST(Threads, TrimBesideACollectionOfParkedHeapsGivesTheirPagesBack) {
+  constexpr size_t kBytes = 3000;
+  constexpr unsigned kOwners = 6;
+  constexpr size_t kPerOwner = 64;
+  const size_t rounds = tray_test::scaled(60);
+  const unsigned c = tray::size_class_of(kBytes);
+  auto class_pages = [c] { return tray_test::stats_now().classes[c].pages; };
+  tray_trim();
+  const unsigned long long pages_before = class_pages();
+  std::atomic<bool> stop{false};
+  std::thread collector([&] {
+    while (!stop.load(std::memory_order_relaxed)) tray::heap_collect_idle();
+  });
+  Problems problems;
+  size_t rounds_with_pages_left = 0;
+  unsigned long long most_pages_left = 0;
+  for (size_t round = 0; round < rounds; ++round) {
+    std::array<std::vector<Block>, kOwners> owned;
+    std::vector<std::thread> owners;
+    for (unsigned o = 0; o < kOwners; ++o)
+      owners.emplace_back([&, o] {
+        for (size_t i = 0; i < kPerOwner; ++i) owned[o].push_back(allocate_filled(kBytes, problems));
+      });
+    for (std::thread& owner : owners) owner.join();
+    for (const auto& blocks : owned)
+      for (const Block& block : blocks) free_checked(block, problems);
+    tray_trim();
+    const unsigned long long left = class_pages() - pages_before;
+    if (left != 0) ++rounds_with_pages_left;
+    most_pages_left = std::max(most_pages_left, left);
+  }
+  stop.store(true);
+  collector.join();
+  EXPECT_EQ(problems.corrupt_blocks.load(), 0u);
+  EXPECT_EQ(problems.failed_allocations.load(), 0u);
+  EXPECT_EQ(rounds_with_pages_left, 0u)
+      << "of " << rounds << " trims, up to " << most_pages_left << " pages of exited owners kept";
 }
 
 }  // namespace
