@@ -438,7 +438,7 @@ Heap* heap_attach_thread() {
   }
   tls_own_heap = heap;
   if (!debug_mode()) tls_heap = heap;
-  count_add(g_totals.threads_attached, 1);
+  if (!tls_in_purger) count_add(g_totals.threads_attached, 1);
   if (!g_process_ready.load(std::memory_order_acquire)) process_setup();
   os::thread_key_set(g_exit_key, heap);
   return heap;
@@ -457,7 +457,12 @@ void heap_detach_thread(Heap* heap) {
   trim_parked_empty(heap);
   if (tls_heap == heap) tls_heap = &g_empty_heap;
   if (tls_own_heap == heap) tls_own_heap = nullptr;
-  count_sub(g_totals.threads_attached, 1);
+  // The purger stays while the program has a thread with a heap (purger.cpp): when the last
+  // one ends, it must not keep the process alive.
+  if (!tls_in_purger &&
+      g_totals.threads_attached.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+      g_purger_state.load(std::memory_order_relaxed) == PurgerState::kRunning)
+    purger_wake();
   count_add(g_totals.threads_exited, 1);
   // Read before parking: from then on the next thread to start may own the heap.
   const bool holds_pages = heap->retained_bytes != 0;
@@ -465,6 +470,10 @@ void heap_detach_thread(Heap* heap) {
   count_add(g_totals.heaps_abandoned, 1);
   park(heap, heap);
   if (holds_pages) purger_notify();
+}
+
+bool heap_threads_attached() {
+  return g_totals.threads_attached.load(std::memory_order_seq_cst) != 0;
 }
 
 void heap_sample_peak(unsigned size_class) {

@@ -59,6 +59,8 @@ void heap_sample_peak(unsigned size_class);
 const Heap* heap_list();
 // Parks the heap of an exiting thread after returning its empty pages.
 void heap_detach_thread(Heap* heap);
+// Whether any thread of the program (the purger aside) holds a heap now.
+bool heap_threads_attached();
 // Returns empty pages: of the calling thread's heap, and of parked heaps. True if any.
 bool heap_trim();
 // The idle purger's look at parked heaps: gives back their empty pages once due, and says

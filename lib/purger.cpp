@@ -55,12 +55,13 @@ uint64_t purge_pass(uint64_t now) {
   return std::min(due, large_purge_expired(now));
 }
 
-// Ends the thread (true) after kPurgerIdleExitMs with nothing to do. Linux ends a process when
-// its last thread ends, not when main's does: a helper that slept on would keep alive, and deaf
-// to the signals it blocks, a program whose own threads have all ended (main leaving through
-// pthread_exit, a child forked by a thread ending that thread). A notifier that saw the thread
-// running did not mark it wanted, and its work may have come after the last pass: one more pass
-// after the state changes sees it, and the thread stays, unless a new one is wanted already.
+// Ends the thread (true) after kPurgerIdleExitMs with nothing to do and no thread of the
+// program holding a heap. Linux ends a process when its last thread ends, not when main's
+// does: a helper that slept on would keep alive, and deaf to the signals it blocks, a program
+// whose own threads have all ended (main leaving through pthread_exit, a child forked by a
+// thread ending that thread). A notifier that saw the thread running did not mark it wanted,
+// and its work may have come after the last pass: one more pass after the state changes sees
+// it, and the thread stays, unless a new one is wanted already.
 bool retire() {
   g_purger_state.store(PurgerState::kNone, std::memory_order_seq_cst);
   // A notifier that wins this exchange is waking the thread for work it left. The last pass
@@ -74,15 +75,25 @@ bool retire() {
 }
 
 // Passes, each followed by a sleep until the next deadline, or until purger_notify if nothing
-// waits, until it has been idle long enough to end.
+// waits. While a thread of the program holds a heap, the thread stays: a free cannot start
+// it, so one that ended would leave what the program frees from then on, before it goes
+// quiet, to its next allocation slow path, which may never come. Large blocks need no heap:
+// a program whose threads use only those keeps the thread for as long as it has work.
+// purge_thread=0, set while it runs, ends it when it next wakes, for good.
 void purger_main() {
+  tls_in_purger = true;
   uint64_t idle_since_ms = kNeverMs;
   for (;;) {
     g_sleeping.store(true, std::memory_order_relaxed);
     // Pairs with the fence in purger_notify: either this pass sees what the notifier left,
-    // or the notifier sees g_sleeping and bumps g_wake, which ends the wait below.
+    // or the notifier sees g_sleeping and bumps g_wake, which ends the wait below. Acquire
+    // pairs with purger_wake: the last heap's detach is seen, or it ends the wait.
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    const uint32_t seen = g_wake.load(std::memory_order_relaxed);
+    const uint32_t seen = g_wake.load(std::memory_order_acquire);
+    if (option(Option::kPurgeThread) == 0) {
+      g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
+      return;
+    }
     const uint64_t now = os::now_ms();
     const uint64_t due = std::min(purge_pass(now), stats_due(now));
     uint64_t timeout_ms = kPurgerIdleExitMs;
@@ -92,6 +103,9 @@ void purger_main() {
       // The clock is coarse: waking a little late is better than waking before the deadline
       // and finding nothing due yet.
       timeout_ms = (due > now ? due - now : 0) + kPurgerLateMs;
+    } else if (heap_threads_attached()) {
+      idle_since_ms = kNeverMs;
+      timeout_ms = 0;  // no limit: until purger_notify or purger_wake
     } else if (idle_since_ms == kNeverMs) {
       idle_since_ms = now;
     } else if (now - idle_since_ms >= kPurgerIdleExitMs) {
@@ -106,6 +120,7 @@ void purger_main() {
 }  // namespace
 
 __thread unsigned tls_purger_holds = 0;
+__thread bool tls_in_purger = false;
 
 // The child of a fork has only the thread that forked. ThreadSanitizer kills a child that
 // starts a thread after a multi-threaded fork, so under it the child does without (its memory
@@ -137,7 +152,7 @@ void purger_notify() {
 void purger_wake() {
   // Bumped after the caller published its work under a lock the pass takes: either the pass
   // already running sees the work, or its wait below finds g_wake changed and returns.
-  g_wake.fetch_add(1, std::memory_order_relaxed);
+  g_wake.fetch_add(1, std::memory_order_release);
   os::wake_all(g_wake);
 }
 

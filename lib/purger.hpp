@@ -11,6 +11,8 @@
 // it wanted at once, so that a program that frees its large blocks and goes quiet has it
 // running. Option purge_thread=0 keeps it from ever starting.
 // A forked child has no such thread; it is marked as wanted there and starts again the same way.
+// Once started it stays while any thread of the program holds a heap, asleep without a
+// deadline when nothing waits, so that frees (which cannot start it) always find it there.
 #pragma once
 
 #include <atomic>
@@ -31,7 +33,8 @@ extern constinit std::atomic<PurgerState> g_purger_state;
 // Lock-free; safe under the allocator's locks.
 void purger_notify();
 // Ends the thread's sleep, deadline or not, for work that must not wait for its next deadline
-// (mappings to unmap). One futex call; only while the thread runs.
+// (mappings to unmap), or because the program's last thread with a heap has ended. One futex
+// call; only while the thread runs.
 void purger_wake();
 // Starts the thread if it is wanted. Only where re-entering malloc is safe: no allocator lock
 // held, and the calling thread's heap consistent.
@@ -42,6 +45,9 @@ void purger_after_fork_child();
 // Code that reaches the heap's slow paths while holding a lock that a nested malloc could
 // take again (prof's, whose heap refills through them) holds the purger back meanwhile.
 extern __thread unsigned tls_purger_holds;
+// True on the purger thread: a heap it came to hold (through something libc allocates in it)
+// does not count as a thread of the program's.
+extern __thread bool tls_in_purger;
 struct PurgerHold {
   PurgerHold() { ++tls_purger_holds; }
   ~PurgerHold() { --tls_purger_holds; }

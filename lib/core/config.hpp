@@ -41,9 +41,9 @@ inline constexpr size_t kDirtyPercentOfInUse = 25;
 // The idle purger (purger.cpp) sleeps until the next delay runs out, plus this much: the clock
 // it reads is coarse (a few ms), and waking early finds nothing due and sleeps again.
 inline constexpr uint64_t kPurgerLateMs = 10;
-// It ends once it has found nothing to do for this long (a process lives as long as any of its
-// threads), and starts again when there is something to give back: at most one thread start
-// per this period, and a program whose threads have all ended exits this much later.
+// While no thread of the program holds a heap, it ends once it has found nothing to do for
+// this long (a process lives as long as any of its threads), and starts again when there is
+// something to give back: a program whose threads have all ended exits this much later.
 inline constexpr uint64_t kPurgerIdleExitMs = 1000;
 // A page whose live blocks are at most this share of its carved blocks, and that nothing
 // allocated from for a pass or two, gives its OS pages that hold only free blocks back to the

@@ -85,10 +85,11 @@ TEST(LargeCache, BurstFreedTogetherStaysCachedThenGoesBack) {
     p = touched_block(kBlockBytes, 0x5a);
     ASSERT_NE(p, nullptr);
   }
-  // The purger ends after a second with nothing to do, and a free cannot start it (DESIGN.md,
-  // "When the program goes quiet"): under TSan the blocks above take about that long, so it
-  // could end between the last malloc and the frees, and the burst would wait for the next
-  // allocation. A block freed first gives the purger work that outlasts the frees.
+  // This thread allocates only large blocks, so it holds no heap, and the purger ends after a
+  // second with nothing to do; a free cannot start it (DESIGN.md, "When the program goes
+  // quiet"). Under TSan the blocks above take about that long, so it could end between the
+  // last malloc and the frees, and the burst would wait for the next allocation. A block freed
+  // first gives the purger work that outlasts the frees.
   tray_free(tray_malloc(kBlockBytes));
   for (void* p : blocks) tray_free(p);
   EXPECT_GT(cached_bytes(), tray::kLargeCacheFloorBytes);

@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
+#include "core/config.hpp"
 #include "purger.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
@@ -60,6 +62,29 @@ TEST(Purger, FreesNeverStartItAndTheNextLargeAllocationDoes) {
   EXPECT_NE(WEXITSTATUS(status), kMallocDidNot) << "a large allocation did not start the purger";
   for (void* p : small) tray_free(p);
   tray_free(large);
+}
+
+// A thread that holds a heap keeps the purger running: a free cannot start it, so a purger that
+// ended after a second with nothing to do left what the program freed later, just before going
+// quiet, to an allocation slow path that might never come. Here the program stays idle for
+// longer than that second, then frees a large block and goes quiet again.
+TEST(Purger, StaysWhileAThreadHoldsAHeapSoALateFreeStillGoesBack) {
+  tray_free(tray_malloc(64));  // this thread holds a heap from here on
+  constexpr size_t kLargeBytes = 8 * kMiB;
+  void* large = tray_malloc(kLargeBytes);
+  ASSERT_NE(large, nullptr);
+  if (purger_state() == PurgerState::kOff)
+    GTEST_SKIP() << "no purger thread in this build (debug mode, memcheck or ASan)";
+  std::memset(large, 0x3c, kLargeBytes);
+  tray_trim();  // nothing waits for the purger from here on
+  std::this_thread::sleep_for(std::chrono::milliseconds(2 * tray::kPurgerIdleExitMs));
+  EXPECT_EQ(purger_state(), PurgerState::kRunning) << "the purger ended while a thread held a heap";
+  tray_free(large);
+  auto cached_blocks = [] { return tray_test::stats_now().large.cached_blocks; };
+  ASSERT_GT(cached_blocks(), 0u) << "the block was not cached: nothing left for the purger";
+  EXPECT_TRUE(tray_test::given_back_while_idle(
+      std::chrono::milliseconds(2 * tray::kLargeCacheDelayMs), [&] { return cached_blocks() == 0; }))
+      << "a block freed after a quiet second stayed cached while the program was idle";
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 enum { kDeadlineSeconds = 20, kLargeBytes = 1 << 20 };
 
 // Large blocks go back after a delay, which the purger thread waits out: it is running now.
+// Then quiet until all of it has gone back, so that the purger sleeps with no deadline when
+// the thread ends, and only that thread's end can tell it that no thread holds a heap now.
 static void churn(void) {
   for (int i = 0; i < 20; ++i) {
     char* p = malloc(kLargeBytes);
@@ -24,6 +26,8 @@ static void churn(void) {
     free(p);
   }
   for (int i = 0; i < 10000; ++i) free(malloc(100));
+  const struct timespec quiet = {1, 500 * 1000 * 1000};
+  nanosleep(&quiet, NULL);
 }
 
 static void* worker(void* arg) {
