@@ -87,4 +87,26 @@ TEST(Purger, StaysWhileAThreadHoldsAHeapSoALateFreeStillGoesBack) {
       << "a block freed after a quiet second stayed cached while the program was idle";
 }
 
+// purge_thread=0 set while the thread runs ends it at its next wake, for good: from then on
+// freed memory waits for the allocator's next call, as the option says.
+TEST(Purger, TurnedOffWhileRunningEndsAtItsNextWake) {
+  constexpr size_t kLargeBytes = 8 * kMiB;
+  void* large = tray_malloc(kLargeBytes);
+  ASSERT_NE(large, nullptr);
+  if (purger_state() == PurgerState::kOff)
+    GTEST_SKIP() << "no purger thread in this build (debug mode, memcheck or ASan)";
+  ASSERT_EQ(purger_state(), PurgerState::kRunning);
+  std::memset(large, 0x5e, kLargeBytes);
+  ASSERT_EQ(tray_option_set("purge_thread", "0"), 0);
+  tray_free(large);  // leaves the purger work, and wakes it
+  const auto deadline = std::chrono::steady_clock::now() + tray_test::kIdleWaitLoaded;
+  while (purger_state() != PurgerState::kOff && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(purger_state(), PurgerState::kOff) << "the purger still runs with purge_thread=0";
+  std::this_thread::sleep_for(std::chrono::milliseconds(2 * tray::kLargeCacheDelayMs));
+  EXPECT_GT(tray_test::stats_now().large.cached_blocks, 0u)
+      << "something gave the cached block back with no purger and no call";
+  ASSERT_EQ(tray_option_set("purge_thread", "1"), 0);
+}
+
 }  // namespace
