@@ -268,8 +268,8 @@ TEST(Threads, TrimBesideACollectionOfParkedHeapsGivesTheirPagesBack) {
   constexpr unsigned kOwners = 6;
   constexpr size_t kPerOwner = 64;
   const size_t rounds = tray_test::scaled(60);
-  const unsigned c = tray::size_class_of(kBytes);
-  auto class_pages = [c] { return tray_test::stats_now().classes[c].pages; };
+  constexpr unsigned kClass = tray::size_class_of(kBytes);
+  auto class_pages = [] { return tray_test::stats_now().classes[kClass].pages; };
   tray_trim();
   const unsigned long long pages_before = class_pages();
   std::atomic<bool> stop{false};
