@@ -167,15 +167,16 @@ ssize_t read_small_file(const char* path, char* text, size_t capacity) {
   return length;
 }
 
-// strstr without the C library (an ASan interceptor may not be ready yet, see above).
-bool contains(const char* text, const char* word) {
-  if (text == nullptr) return false;
+// strstr without the C library (an ASan interceptor may not be ready yet, see above): where
+// the first `word` in `text` ends, nullptr if there is none.
+const char* find_end_of(const char* text, const char* word) {
+  if (text == nullptr) return nullptr;
   for (; *text != '\0'; ++text) {
     size_t i = 0;
     while (word[i] != '\0' && text[i] == word[i]) ++i;
-    if (word[i] == '\0') return true;
+    if (word[i] == '\0') return text + i;
   }
-  return false;
+  return nullptr;
 }
 
 // process_madvise(2) on the calling process takes a list of ranges: the sparse pass gives back
@@ -210,13 +211,8 @@ bool thread_unfiltered() {
   const ssize_t length = read_small_file("/proc/thread-self/status", text, sizeof text - 1);
   if (length <= 0) return false;
   text[length] = '\0';
-  static constexpr char kField[] = "\nSeccomp:\t";
-  for (const char* line = text; *line != '\0'; ++line) {
-    size_t i = 0;
-    while (kField[i] != '\0' && line[i] == kField[i]) ++i;
-    if (kField[i] == '\0') return line[i] == '0' && (line[i + 1] == '\n' || line[i + 1] == '\0');
-  }
-  return false;
+  const char* value = find_end_of(text, "\nSeccomp:\t");
+  return value != nullptr && value[0] == '0' && (value[1] == '\n' || value[1] == '\0');
 }
 
 bool purge_list_allowed() {
@@ -228,7 +224,7 @@ bool purge_list_allowed() {
   const int pid = process_id();
   if (check.pid != pid || (check.unfiltered && now - check.checked_ms >= kSeccompRecheckMs)) {
     // valgrind does not know the system call either, and warns on its first use.
-    check = {pid, !contains(env("LD_PRELOAD"), "vgpreload") && thread_unfiltered(), now};
+    check = {pid, find_end_of(env("LD_PRELOAD"), "vgpreload") == nullptr && thread_unfiltered(), now};
   }
   return check.unfiltered;
 }
@@ -239,7 +235,8 @@ ptrdiff_t purge_list(PurgeRange* ranges, size_t count) {
   iovec list[kPurgeListRanges];
   for (size_t i = 0; i < count; ++i) list[i] = {ranges[i].start, ranges[i].bytes};
   count_call(g_calls.madvise);
-  const ssize_t advised = syscall(SYS_process_madvise, kPidfdSelfThreadGroup, list, count, MADV_DONTNEED, 0u);
+  const ssize_t advised =
+      syscall(SYS_process_madvise, kPidfdSelfThreadGroup, list, count, MADV_DONTNEED, 0u);
   if (advised < 0) return -1;
   size_t done = 0;
   for (size_t left = size_t(advised); done < count && ranges[done].bytes <= left; ++done) {

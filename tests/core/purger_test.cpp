@@ -82,8 +82,8 @@ TEST(Purger, StaysWhileAThreadHoldsAHeapSoALateFreeStillGoesBack) {
   tray_free(large);
   auto cached_blocks = [] { return tray_test::stats_now().large.cached_blocks; };
   ASSERT_GT(cached_blocks(), 0u) << "the block was not cached: nothing left for the purger";
-  EXPECT_TRUE(tray_test::given_back_while_idle(
-      std::chrono::milliseconds(2 * tray::kLargeCacheDelayMs), [&] { return cached_blocks() == 0; }))
+  const auto wait = std::chrono::milliseconds(2 * tray::kLargeCacheDelayMs);
+  EXPECT_TRUE(tray_test::given_back_while_idle(wait, [&] { return cached_blocks() == 0; }))
       << "a block freed after a quiet second stayed cached while the program was idle";
 }
 

@@ -96,8 +96,7 @@ TEST(RemoteFree, SenderExitsWithBlocksInTransit) {
       if (!tray_test::free_checked(block)) corrupt.fetch_add(1);
   }).join();
   EXPECT_EQ(corrupt.load(), 0u);
-  // A trim takes the remote frees in and gives empty pages back.
-  tray_trim();
+  tray_trim();  // takes the remote frees in and gives empty pages back
   EXPECT_EQ(probe_class_pages(), pages_before) << "blocks stranded in the exited sender";
 }
 

@@ -284,7 +284,8 @@ TEST(Threads, TrimBesideACollectionOfParkedHeapsGivesTheirPagesBack) {
     std::vector<std::thread> owners;
     for (unsigned o = 0; o < kOwners; ++o)
       owners.emplace_back([&, o] {
-        for (size_t i = 0; i < kPerOwner; ++i) owned[o].push_back(allocate_filled(kBytes, problems));
+        for (size_t i = 0; i < kPerOwner; ++i)
+          owned[o].push_back(allocate_filled(kBytes, problems));
       });
     for (std::thread& owner : owners) owner.join();
     for (const auto& blocks : owned)
