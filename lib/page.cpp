@@ -18,6 +18,7 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page->retained = false;
   page->warm = false;
   page->scrubbed_used = 0;
+  page->given_back = 0;
   page->capacity = 0;
   page->reserved = class_blocks_per_page(size_class);
   page->block_bytes = uint32_t(class_size(size_class));

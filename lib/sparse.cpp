@@ -1,5 +1,7 @@
 #include "sparse.hpp"
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "core/assert.hpp"
@@ -27,14 +29,51 @@ class BitSet {
  public:
   void set(size_t i) { words_[i / 64] |= uint64_t{1} << (i % 64); }
   bool test(size_t i) const { return (words_[i / 64] >> (i % 64)) & 1; }
-  bool any_in(size_t first, size_t last) const {  // inclusive
-    for (size_t i = first; i <= last; ++i)
-      if (test(i)) return true;
-    return false;
+  // Fewer than 64 bits from `first`, within the word that holds it.
+  void put_bits(size_t first, uint64_t value) { words_[first / 64] |= value << (first % 64); }
+  uint64_t bits(size_t first, unsigned count) const {
+    return (words_[first / 64] >> (first % 64)) & ((uint64_t{1} << count) - 1);
+  }
+  // Set operations on the bits under `end`.
+  void add(const BitSet& other, size_t end) {
+    for (size_t w = 0; w * 64 < end; ++w) words_[w] |= other.words_[w];
+  }
+  void remove(const BitSet& other, size_t end) {
+    for (size_t w = 0; w * 64 < end; ++w) words_[w] &= ~other.words_[w];
+  }
+  // Ranges a word at a time: a page of 16-byte blocks has 256 of them on each OS page.
+  void set_range(size_t first, size_t last) {  // inclusive
+    for (size_t w = first / 64; w <= last / 64; ++w) words_[w] |= mask(w, first, last);
+  }
+  void clear_range(size_t first, size_t last) {  // inclusive
+    for (size_t w = first / 64; w <= last / 64; ++w) words_[w] &= ~mask(w, first, last);
+  }
+  bool all_in(size_t first, size_t last) const {  // inclusive
+    for (size_t w = first / 64; w <= last / 64; ++w)
+      if ((words_[w] & mask(w, first, last)) != mask(w, first, last)) return false;
+    return true;
+  }
+  // Every set bit under `end`, in order.
+  template <typename Visit>
+  void for_each(size_t end, Visit visit) const {
+    for (size_t w = 0; w * 64 < end; ++w)
+      for (uint64_t word = words_[w]; word != 0; word &= word - 1) {
+        const size_t i = w * 64 + size_t(std::countr_zero(word));
+        if (i >= end) return;
+        visit(i);
+      }
   }
 
  private:
-  uint64_t words_[kBits / 64] = {};
+  // The bits of word `w` that lie in [first, last].
+  static uint64_t mask(size_t w, size_t first, size_t last) {
+    const uint64_t from = w == first / 64 ? ~uint64_t{0} << (first % 64) : ~uint64_t{0};
+    const uint64_t to = w == last / 64 ? ~uint64_t{0} >> (63 - last % 64) : ~uint64_t{0};
+    return from & to;
+  }
+
+  static constexpr size_t kWords = kBits / 64;
+  uint64_t words_[kWords] = {};
 };
 using OsPageSet = BitSet<kMaxOsPagesPerPage>;
 using BlockSet = BitSet<kMaxBlocksPerPage>;
@@ -57,32 +96,29 @@ uint16_t* purged_words(const Page* page) {
   return &segment->sparse_purged[page - segment->pages];
 }
 
+// A unit's OS pages are a power of two of at most 16, so a unit's bits never straddle two
+// words of the set.
 OsPageSet load_purged(const Page* page, Geometry g, bool* any) {
   OsPageSet set;
-  *any = false;
+  uint16_t all = 0;
   const uint16_t* words = purged_words(page);
-  for (unsigned u = 0; u < page->unit_count; ++u)
-    for (unsigned i = 0; i < g.per_unit; ++i)
-      if ((words[u] >> i) & 1) {
-        set.set(u * g.per_unit + i);
-        *any = true;
-      }
+  for (unsigned u = 0; u < page->unit_count; ++u) {
+    set.put_bits(u * g.per_unit, words[u]);
+    all = uint16_t(all | words[u]);
+  }
+  *any = all != 0;
   return set;
 }
 
-void store_purged(const Page* page, Geometry g, const OsPageSet& set) {
+void store_purged(Page* page, Geometry g, const OsPageSet& set) {
   uint16_t* words = purged_words(page);
+  uint16_t any = 0;
   for (unsigned u = 0; u < page->unit_count; ++u) {
-    uint16_t word = 0;
-    for (unsigned i = 0; i < g.per_unit; ++i)
-      if (set.test(u * g.per_unit + i)) word = uint16_t(word | (1u << i));
+    const auto word = uint16_t(set.bits(u * g.per_unit, g.per_unit));
     words[u] = word;
+    any = uint16_t(any | word);
   }
-}
-
-bool overlaps(const OsPageSet& set, size_t block, size_t block_bytes, unsigned os_page_shift) {
-  return set.any_in((block * block_bytes) >> os_page_shift,
-                    ((block + 1) * block_bytes - 1) >> os_page_shift);
+  page->given_back = any != 0;
 }
 
 Block* block_at(const Page* page, size_t i) {
@@ -96,16 +132,57 @@ size_t purged_bytes(const Page* page, Geometry g) {
   return count * g.os_page;
 }
 
-size_t block_index(const Page* page, const Block* b) {
-  return size_t(reinterpret_cast<const uint8_t*>(b) - page->blocks) / page->block_bytes;
+// The first and last block of `page` with a byte on OS page `p` (a whole one of the carved part).
+struct BlockRange {
+  size_t first;
+  size_t last;
+};
+BlockRange blocks_on(const Page* page, Geometry g, size_t p) {
+  return {p * g.os_page / page->block_bytes, ((p + 1) * g.os_page - 1) / page->block_bytes};
 }
 
-// For a block on `page`'s free list. The blocks of given-back OS pages left the list when
-// their OS page went, and come back only all at once (sparse_refill): one found there was
-// freed since, a second time.
-void check_not_given_back(const Page* page, const Block* b, Geometry g, const OsPageSet& purged) {
-  if (kReleaseChecks && overlaps(purged, block_index(page, b), page->block_bytes, g.os_page_shift))
-    report_sparse_block_reused(b, page);
+// A block's index on its page, by a multiplication: a division for each block of the list
+// walk bounded it at a block per 9 cycles. With m = ceil(2^40 / d) = (2^40 + e) / d, e < d,
+// an offset n = q d + r gives n m / 2^40 = q + (r + n e / 2^40) / d, which floors to q while
+// n e < 2^40: offsets stay under a segment and d under the largest small class.
+class BlockIndex {
+ public:
+  explicit BlockIndex(const Page* page)
+      : blocks_(page->blocks),
+        multiplier_(((uint64_t{1} << kShift) + page->block_bytes - 1) / page->block_bytes) {}
+  size_t operator()(const Block* b) const {
+    const auto offset = uint64_t(reinterpret_cast<const uint8_t*>(b) - blocks_);
+    return size_t((offset * multiplier_) >> kShift);
+  }
+
+ private:
+  static constexpr unsigned kShift = 40;
+  static_assert(kSegmentBytes * kMaxSmallBytes <= uint64_t{1} << kShift);
+  const uint8_t* blocks_;
+  uint64_t multiplier_;
+};
+
+// The blocks with a byte on an OS page of `os_pages` (the first `count` of the page's).
+BlockSet blocks_on_any(const Page* page, Geometry g, const OsPageSet& os_pages, size_t count) {
+  BlockSet blocks;
+  for (size_t p = 0; p < count; ++p)
+    if (os_pages.test(p)) {
+      const BlockRange on = blocks_on(page, g, p);
+      blocks.set_range(on.first, on.last);
+    }
+  return blocks;
+}
+
+// The blocks of `set`, linked in address order in front of `rest`.
+Block* link_blocks(const Page* page, const BlockSet& set, Block* rest) {
+  Block* head = nullptr;
+  Block** tail = &head;
+  set.for_each(page->capacity, [&](size_t i) {
+    *tail = block_at(page, i);
+    tail = &(*tail)->next;
+  });
+  *tail = rest;
+  return head;
 }
 
 // The OS pages a pass gives back, handed to the OS a list at a time (os::purge_ranges): one
@@ -137,17 +214,49 @@ class GiveBack {
 };
 
 // A walk of a page's free list waits for one cache miss after another (a fifth of the
-// fragmentation workload's time went there): this starts the loads of every carved block's
-// first line at once, in address order, and the walk finds them in the cache (4096 lines,
-// 256 KiB, at most). Given-back OS pages are left out: nothing on them is on the list.
-// The stride is a conditional, not std::max: with std::max<size_t> of the 32-bit field, GCC 12
-// left no prefetch of this loop in the object code at all.
-void prefetch_carved(const Page* page, Geometry g, const OsPageSet& purged, bool any_purged) {
+// fragmentation workload's time went there): this loads every carved block's first line in
+// address order first, and the walk then finds them in the cache (4096 lines, 256 KiB, at
+// most). Each load has a prefetch kLoadAheadLines further on ahead of it. Prefetches alone,
+// all issued at once, did not keep up on the AMD EPYC we measure on: in that workload the
+// walk still waited 37 million cycles on top of the 3 that issuing them took; with the loads
+// to pace them it waits 8, after 10 in the loop. Given-back OS pages are left out: nothing on
+// them is on the list, and a load would fault them back in. The stride is a conditional, not
+// std::max: with std::max<size_t> of the 32-bit field, GCC 12 left no prefetch of the loop
+// in the object code at all.
+constexpr size_t kLoadAheadLines = 16;
+
+// A load the compiler cannot see into: the line may hold a live block that another thread
+// writes meanwhile, and the value is never used. Other machines get a prefetch.
+TRAY_INLINE void touch_line(const uint8_t* p) {
+#if defined(__x86_64__)
+  asm volatile("testb $0, (%0)" : : "r"(p) : "cc");
+#elif defined(__aarch64__)
+  uint32_t scratch;
+  asm volatile("ldrb %w0, [%1]" : "=r"(scratch) : "r"(p));
+#else
+  __builtin_prefetch(p);
+#endif
+}
+
+void load_carved(const Page* page, Geometry g, const OsPageSet& purged, bool any_purged) {
   const size_t stride = page->block_bytes > kCacheLineBytes ? page->block_bytes : kCacheLineBytes;
   const size_t carved_bytes = size_t(page->capacity) * page->block_bytes;
-  for (size_t offset = 0; offset < carved_bytes; offset += stride)
-    if (!any_purged || !purged.test(offset >> g.os_page_shift))
-      __builtin_prefetch(page->blocks + offset);
+  const size_t ahead_bytes = kLoadAheadLines * stride;
+  // An OS page at a time, so that the set is read once for each (a prefetch that lands on one
+  // given back does nothing: prefetches never fault).
+  for (size_t offset = 0; offset < carved_bytes;) {
+    const size_t os_page_end =
+        std::min(carved_bytes, ((offset >> g.os_page_shift) + 1) << g.os_page_shift);
+    if (any_purged && purged.test(offset >> g.os_page_shift)) {
+      offset += (os_page_end - offset + stride - 1) / stride * stride;  // the next block's start
+      continue;
+    }
+    for (; offset < os_page_end; offset += stride) {
+      if (offset + ahead_bytes < carved_bytes)
+        __builtin_prefetch(page->blocks + offset + ahead_bytes);
+      touch_line(page->blocks + offset);
+    }
+  }
 }
 
 // Gives back every OS page of the carved part of `page` whose blocks are all free (on the
@@ -160,39 +269,37 @@ bool scrub_page(Page* page, Geometry g, GiveBack& give_back) {
   if (whole_os_pages == 0) return false;
   TRAY_ASSERT(capacity <= kMaxBlocksPerPage);
   bool any_purged;
-  OsPageSet purged = load_purged(page, g, &any_purged);
-  prefetch_carved(page, g, purged, any_purged);
+  const OsPageSet purged = load_purged(page, g, &any_purged);
+  // The blocks that lie (partly) on an OS page given back: on no list. One found there was
+  // freed since, a second time (its key went with the OS page, so free let it through).
+  const BlockSet gone = any_purged ? blocks_on_any(page, g, purged, whole_os_pages) : BlockSet{};
+  load_carved(page, g, purged, any_purged);
+  const BlockIndex index_of(page);
   BlockSet on_list;
   for (Block* b = page->free; b != nullptr; b = b->next) {
-    if (any_purged) check_not_given_back(page, b, g, purged);
-    on_list.set(block_index(page, b));
+    const size_t i = index_of(b);
+    if (kReleaseChecks && any_purged && gone.test(i)) report_sparse_block_reused(b, page);
+    on_list.set(i);
   }
+  on_list.remove(gone, capacity);  // without the checks: such a block is not linked again
+
+  // A block is out of use if it is on the list or gone.
+  BlockSet out_of_use = on_list;
+  out_of_use.add(gone, capacity);
 
   OsPageSet merged = purged;
   bool any_new = false;
   for (size_t p = 0; p < whole_os_pages; ++p) {
     if (purged.test(p)) continue;
-    const size_t first = p * g.os_page / block_bytes;
-    const size_t last = ((p + 1) * g.os_page - 1) / block_bytes;
-    bool all_free = true;
-    for (size_t i = first; i <= last && all_free; ++i)
-      all_free = on_list.test(i) || overlaps(purged, i, block_bytes, g.os_page_shift);
-    if (all_free) {
-      merged.set(p);
-      any_new = true;
-    }
+    const BlockRange on = blocks_on(page, g, p);
+    if (!out_of_use.all_in(on.first, on.last)) continue;
+    merged.set(p);
+    on_list.clear_range(on.first, on.last);
+    any_new = true;
   }
   if (!any_new) return false;
 
-  Block* head = nullptr;
-  Block** tail = &head;
-  for (size_t i = 0; i < capacity; ++i) {
-    if (!on_list.test(i) || overlaps(merged, i, block_bytes, g.os_page_shift)) continue;
-    *tail = block_at(page, i);
-    tail = &(*tail)->next;
-  }
-  *tail = nullptr;
-  page->free = head;
+  page->free = link_blocks(page, on_list, nullptr);
 
   for (size_t p = 0; p < whole_os_pages;) {
     if (!merged.test(p) || purged.test(p)) {
@@ -296,13 +403,18 @@ void check_given_back_untouched(const Page* page, Geometry g, const OsPageSet& p
   }
 }
 
-// Nearly every page never gave an OS page back: a look at its words, before a set is built
-// (that cost the mixed batch benchmark 0.8 instructions per pair in sparse_refill).
+// Nearly every page never gave an OS page back: its descriptor says so, before a set is built
+// (that cost the mixed batch benchmark 0.8 instructions per pair in sparse_refill) or a line
+// of the segment header is read (a cache miss, nearly always: the fragmentation workload
+// takes 99 thousand pages without free blocks at scale 0.3, and sparse_refill asks for each).
 bool any_given_back(const Page* page) {
+#ifndef NDEBUG
   const uint16_t* words = purged_words(page);
   uint16_t given_back = 0;
   for (unsigned u = 0; u < page->unit_count; ++u) given_back = uint16_t(given_back | words[u]);
-  return given_back != 0;
+  TRAY_ASSERT((given_back != 0) == bool(page->given_back));
+#endif
+  return page->given_back;
 }
 
 }  // namespace
@@ -315,13 +427,8 @@ bool sparse_refill(Page* page) {
   const OsPageSet purged = load_purged(page, g, &any);
   if (!any) return false;
   if (kReleaseChecks) check_given_back_untouched(page, g, purged);
-  const size_t block_bytes = page->block_bytes;
-  for (size_t i = page->capacity; i-- > 0;) {
-    if (!overlaps(purged, i, block_bytes, g.os_page_shift)) continue;
-    Block* block = block_at(page, i);
-    block->next = page->free;
-    page->free = block;
-  }
+  const size_t os_pages = size_t(page->capacity) * page->block_bytes / g.os_page;
+  page->free = link_blocks(page, blocks_on_any(page, g, purged, os_pages), page->free);
   count_sub(g_totals.bytes_decommitted, purged_bytes(page, g));
   store_purged(page, g, OsPageSet{});
   page->scrubbed_used = 0;
@@ -332,16 +439,16 @@ void sparse_forget(Page* page) {
   if (!any_given_back(page)) return;
   const Geometry g = geometry();
   if (g.per_unit == 0) return;
+  // The second free of a block on a given-back OS page wrote its link and key there: the
+  // page reads as something other than zero again. A look at those OS pages alone finds it,
+  // where a walk of the list (every block of a page that is now empty) took an eighth of the
+  // sparse pass's time again in the fragmentation workload.
   if (kReleaseChecks) {
     bool any;
-    const OsPageSet purged = load_purged(page, g, &any);
-    prefetch_carved(page, g, purged, any);
-    for (const Block* b = page->free; b != nullptr; b = b->next)
-      check_not_given_back(page, b, g, purged);
+    check_given_back_untouched(page, g, load_purged(page, g, &any));
   }
   count_sub(g_totals.bytes_decommitted, purged_bytes(page, g));
-  uint16_t* words = purged_words(page);
-  for (unsigned u = 0; u < page->unit_count; ++u) words[u] = 0;
+  store_purged(page, g, OsPageSet{});
 }
 
 }  // namespace tray

@@ -18,8 +18,9 @@ bool sparse_pass(Heap* heap, bool force);
 // none. The page's owner, when the page has no other block to give.
 bool sparse_refill(Page* page);
 // The page goes back to the pool: nothing of it is recorded as given back any more. Stops the
-// program first if a block of a given-back OS page is on its free list: freed twice (its key,
-// which free checks, went with the OS page), it made the page look empty with a block live.
+// program first if a given-back OS page was written since: a block on it was freed twice (its
+// key, which free checks, went with the OS page), and made the page look empty with a block
+// live.
 void sparse_forget(Page* page);
 
 }  // namespace tray

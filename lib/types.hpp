@@ -68,7 +68,10 @@ struct alignas(kCacheLineBytes) Page {
   bool retained = false;        // owner: empty, kept in its queue (counted in retained_bytes)
   bool warm = false;            // owner: allocated from since the last sparse pass (sparse.cpp)
   uint8_t heap_bucket = 0;      // remote_bucket_of(heap), for senders: set with `heap`
-  uint16_t scrubbed_used = 0;   // owner: `used` when sparse.cpp last looked at it; 0: never
+  uint16_t scrubbed_used : 15 = 0;  // owner: `used` when sparse.cpp last looked at it; 0: never
+  // owner: some of its OS pages are given back (Segment::sparse_purged says which), so the
+  // pages that have none, nearly all, need not read the segment header's line to know.
+  uint16_t given_back : 1 = 0;
   Heap* heap = nullptr;         // owner; stable while any block of the page is live
   uint8_t* blocks = nullptr;    // address of block 0
   Page* next = nullptr;         // owner: the heap's queue for this class

@@ -92,6 +92,46 @@ TEST(Sparse, GivenBackBlocksComeBackWhenTheClassGrowsAgain) {
   for (const Held& held : again) tray_free(held.p);
 }
 
+// Every block size the pass works a word of its bitmaps at a time for: blocks that split OS
+// pages at odd places, and ranges of blocks that cross 64-bit words. Two rounds: the second
+// frees half of what the first kept, so OS pages go beside ones already given back (and blocks
+// straddle the two). After each, the live blocks keep their contents, and then every block
+// handed out again is distinct: a block left on the list from a page that went, or one that
+// went with a live neighbour, fails here.
+TEST(Sparse, EveryBlockSizeGivesBackOnlyFreeOsPagesThroughTwoRounds) {
+  for (const size_t size : {16, 48, 80, 112, 208, 336, 1024, 1280, 2560, 3072, 5120, 12288}) {
+    SCOPED_TRACE("block size " + std::to_string(size));
+    const size_t count = 4 * kMiB / size;
+    // About one block kept in 2.7 OS pages, at an odd stride: free OS pages between them.
+    std::vector<Held> kept = sparse_class(size, count, std::max<size_t>(3, 11000 / size | 1));
+    const tray_stats full = tray_test::stats_now();
+    EXPECT_EQ(tray_trim(), 1);
+    const tray_stats first = tray_test::stats_now();
+    EXPECT_GT(first.released_bytes, full.released_bytes);
+    for (const Held& held : kept) ASSERT_TRUE(intact(held, size));
+    for (size_t i = 1; i < kept.size(); i += 2) tray_free(kept[i].p);
+    std::erase_if(kept, [&](const Held& held) { return (&held - kept.data()) % 2 == 1; });
+    EXPECT_EQ(tray_trim(), 1);
+    EXPECT_GT(tray_test::stats_now().released_bytes, first.released_bytes);
+    for (const Held& held : kept) ASSERT_TRUE(intact(held, size));
+
+    std::set<unsigned char*> seen;
+    for (const Held& held : kept) seen.insert(held.p);
+    std::vector<Held> again;
+    for (size_t i = 0; i < count; ++i) {
+      Held held{static_cast<unsigned char*>(tray_malloc(size)), 0x5a};
+      ASSERT_NE(held.p, nullptr);
+      ASSERT_TRUE(seen.insert(held.p).second) << "block handed out twice: " << static_cast<void*>(held.p);
+      std::memset(held.p, held.fill, size);
+      again.push_back(held);
+    }
+    for (const Held& held : kept) EXPECT_TRUE(intact(held, size));
+    for (const Held& held : again) EXPECT_TRUE(intact(held, size));
+    for (const Held& held : kept) tray_free(held.p);
+    for (const Held& held : again) tray_free(held.p);
+  }
+}
+
 // Without trim: the heap looks at its sparse pages on its own slow paths (here, large blocks),
 // and takes a page once nothing allocated from it for a whole pass interval.
 TEST(Sparse, SlowPathsGiveBackSparsePagesWithoutTrim) {
