@@ -49,6 +49,25 @@ bool intact(const Held& held, size_t size) {
   return true;
 }
 
+// Hands out `count` blocks of `size` beside the `kept` ones: each must be distinct from them
+// and from each other, and all keep their contents. Then frees them all.
+void hand_out_again_then_free_all(const std::vector<Held>& kept, size_t size, size_t count) {
+  std::set<unsigned char*> seen;
+  for (const Held& held : kept) seen.insert(held.p);
+  std::vector<Held> again;
+  for (size_t i = 0; i < count; ++i) {
+    Held held{static_cast<unsigned char*>(tray_malloc(size)), 0x5a};
+    ASSERT_NE(held.p, nullptr);
+    ASSERT_TRUE(seen.insert(held.p).second) << "block handed out twice: " << static_cast<void*>(held.p);
+    std::memset(held.p, held.fill, size);
+    again.push_back(held);
+  }
+  for (const Held& held : kept) EXPECT_TRUE(intact(held, size));
+  for (const Held& held : again) EXPECT_TRUE(intact(held, size));
+  for (const Held& held : kept) tray_free(held.p);
+  for (const Held& held : again) tray_free(held.p);
+}
+
 // Blocks of a whole OS page each: one live block in 16 leaves 15 free OS pages in 16.
 TEST(Sparse, TrimGivesBackTheFreeOsPagesOfSparsePages) {
   constexpr size_t kSize = 4096;
@@ -76,20 +95,7 @@ TEST(Sparse, GivenBackBlocksComeBackWhenTheClassGrowsAgain) {
   EXPECT_EQ(tray_trim(), 1);
   EXPECT_GT(tray_test::stats_now().released_bytes, sparse.released_bytes);
 
-  std::set<unsigned char*> seen;
-  for (const Held& held : kept) seen.insert(held.p);
-  std::vector<Held> again;
-  for (size_t i = 0; i < kCount; ++i) {
-    Held held{static_cast<unsigned char*>(tray_malloc(kSize)), 0x5a};
-    ASSERT_NE(held.p, nullptr);
-    ASSERT_TRUE(seen.insert(held.p).second) << "block handed out twice: " << static_cast<void*>(held.p);
-    std::memset(held.p, held.fill, kSize);
-    again.push_back(held);
-  }
-  for (const Held& held : kept) EXPECT_TRUE(intact(held, kSize));
-  for (const Held& held : again) EXPECT_TRUE(intact(held, kSize));
-  for (const Held& held : kept) tray_free(held.p);
-  for (const Held& held : again) tray_free(held.p);
+  hand_out_again_then_free_all(kept, kSize, kCount);
 }
 
 // Every block size the pass works a word of its bitmaps at a time for: blocks that split OS
@@ -118,21 +124,7 @@ TEST(Sparse, EveryBlockSizeGivesBackOnlyFreeOsPagesThroughTwoRounds) {
     EXPECT_EQ(tray_trim(), 1);
     EXPECT_GT(tray_test::stats_now().released_bytes, first.released_bytes);
     for (const Held& held : kept) ASSERT_TRUE(intact(held, size));
-
-    std::set<unsigned char*> seen;
-    for (const Held& held : kept) seen.insert(held.p);
-    std::vector<Held> again;
-    for (size_t i = 0; i < count; ++i) {
-      Held held{static_cast<unsigned char*>(tray_malloc(size)), 0x5a};
-      ASSERT_NE(held.p, nullptr);
-      ASSERT_TRUE(seen.insert(held.p).second) << "block handed out twice: " << static_cast<void*>(held.p);
-      std::memset(held.p, held.fill, size);
-      again.push_back(held);
-    }
-    for (const Held& held : kept) EXPECT_TRUE(intact(held, size));
-    for (const Held& held : again) EXPECT_TRUE(intact(held, size));
-    for (const Held& held : kept) tray_free(held.p);
-    for (const Held& held : again) tray_free(held.p);
+    hand_out_again_then_free_all(kept, size, count);
   }
 }
 
