@@ -4,6 +4,7 @@
 #include <new>
 
 #include "core/assert.hpp"
+#include "core/recent_peak.hpp"
 #include "platform/os.hpp"
 #include "purger.hpp"
 #include "stats.hpp"
@@ -78,6 +79,8 @@ size_t g_cache_count = 0;
 size_t g_dirty_bytes = 0;
 size_t g_page_bytes = 0;            // units that belong to pages
 uint64_t g_last_purge_ms = 0;
+constinit RecentPeak<kPoolHoldWindowMs> g_peak_page_bytes;  // of g_page_bytes, lately
+uint64_t g_last_pool_call_ms = 0;   // the last page taken or returned
 
 void list_push(Segment*& head, Segment* s) {
   s->prev = nullptr;
@@ -227,15 +230,29 @@ size_t dirty_limit_bytes() {
   return std::max(kDirtyFloorBytes, g_page_bytes / 100 * kDirtyPercentOfInUse);
 }
 
+// Dirty units that neither the delay nor the limit purge: while the program keeps taking and
+// returning pages, those that would bring its pages back to their most of the last
+// kPoolHoldWindowMs. Its pages were that big a moment ago, so keeping them adds nothing to
+// its peak, and a program whose pages swing (a phase of big blocks after one of small ones,
+// a burst of requests) takes them back without a page fault each. Once it goes quiet, or
+// stays smaller for a window, they go as before.
+size_t held_dirty_bytes(uint64_t now) {
+  if (now - g_last_pool_call_ms >= kPoolQuietMs) return 0;
+  const size_t peak = g_peak_page_bytes.recent(now);
+  return peak > g_page_bytes ? peak - g_page_bytes : 0;
+}
+
 void select_purges(uint64_t now, bool force, bool again, PoolWork& work) {
-  const size_t limit = dirty_limit_bytes();
+  const size_t held = force ? 0 : held_dirty_bytes(now);
+  const size_t limit = std::max(dirty_limit_bytes(), held);
   const bool over_limit = g_dirty_bytes > limit;
   if (!force && !again && !over_limit && now - g_last_purge_ms < kPurgeDelayMs) return;
   g_last_purge_ms = now;
+  const size_t keep_when_over = std::max(limit / 2, held);
   for (Segment* s = g_partial; s != nullptr;) {
     Segment* next = s->next;
-    const bool expired = now - s->dirty_since_ms >= kPurgeDelayMs;
-    const bool still_over = g_dirty_bytes > limit / 2;
+    const bool expired = now - s->dirty_since_ms >= kPurgeDelayMs && g_dirty_bytes > held;
+    const bool still_over = g_dirty_bytes > keep_when_over;
     if (s->dirty_units != 0 && (force || expired || (over_limit && still_over))) {
       if (work.count == kPoolPurgeClaimsPerRound) {
         work.more = true;
@@ -363,6 +380,8 @@ Page* segment_take_page(unsigned units) {
       }
       if (s != nullptr) {
         page = carve_page(s, first, units);
+        g_peak_page_bytes.note(g_page_bytes, now);
+        g_last_pool_call_ms = now;
         if (fresh != nullptr) {
           list_push(g_partial, fresh);
           retire_if_empty(fresh, work);
@@ -397,6 +416,8 @@ void segment_return_page(Page* page) {
     s->dirty_units |= mask;
     g_dirty_bytes += size_t(units) * kUnitBytes;
     g_page_bytes -= size_t(units) * kUnitBytes;
+    // The purger giving back a parked heap's pages is not the program at work.
+    if (!tls_in_purger) g_last_pool_call_ms = now;
     select_purges(now, false, false, work);
   }
   finish_pool_work(work, now, false);
@@ -414,7 +435,12 @@ uint64_t segment_purge_expired(uint64_t now_ms) {
   uint64_t due = kNeverMs;
   for (Segment* s = g_partial; s != nullptr; s = s->next)
     if (s->dirty_units != 0) due = std::min(due, s->dirty_since_ms + kPurgeDelayMs);
-  return due == kNeverMs ? due : std::max(due, g_last_purge_ms + kPurgeDelayMs);
+  if (due == kNeverMs) return due;
+  due = std::max(due, g_last_purge_ms + kPurgeDelayMs);
+  // What is held waits for the program to go quiet or for its peak to age out.
+  if (g_dirty_bytes <= held_dirty_bytes(now_ms))
+    due = std::max(due, std::min(g_last_pool_call_ms + kPoolQuietMs, g_peak_page_bytes.until_ms()));
+  return due;
 }
 
 bool segment_trim() {

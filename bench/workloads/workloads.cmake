@@ -14,4 +14,5 @@ set(TRAY_BENCH_WORKLOADS
   mstress
   malloc_large
   soak
+  swing
 )

@@ -22,7 +22,9 @@ class RecentPeak {
   // The high as noted last, however old.
   size_t bytes() const { return bytes_; }
   // The high if it is less than a window old, else 0.
-  size_t recent(uint64_t now_ms) const { return now_ms < since_ms_ + kWindowMs ? bytes_ : 0; }
+  size_t recent(uint64_t now_ms) const { return now_ms < until_ms() ? bytes_ : 0; }
+  // When the high stops counting as recent, unless a new one comes first.
+  uint64_t until_ms() const { return since_ms_ + kWindowMs; }
 
  private:
   size_t bytes_ = 0;

@@ -146,6 +146,67 @@ TEST(Rss, WithoutPurgeThreadIdleMemoryStays) {
   EXPECT_LT(tray_test::stats_now().released_bytes - released_before, tray::kDirtyFloorBytes / 8);
 }
 
+// A program that goes on taking pages from the pool and giving them back: 4 MiB of 4 KiB blocks
+// allocated and freed every few milliseconds, more than a heap keeps of its own empty pages.
+template <typename Done>
+void take_and_return_pages_until(Done done) {
+  constexpr size_t kBlockBytes = 4096;
+  constexpr size_t kBlocks = 1024;
+  static_assert(kBlockBytes * kBlocks >= 4 * tray::kHeapRetainedBytes);
+  static void* blocks[kBlocks];
+  while (!done()) {
+    for (void*& p : blocks) {
+      p = tray_malloc(kBlockBytes);
+      ASSERT_NE(p, nullptr);
+      *static_cast<char*>(p) = 1;
+    }
+    for (void* p : blocks) tray_free(p);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// Twice the dirty floor: the pool's limit on dirty units alone would purge most of it at once.
+constexpr size_t kSwingBurstBytes = 2 * tray::kDirtyFloorBytes;
+constexpr auto kHoldWindow = std::chrono::milliseconds(tray::kPoolHoldWindowMs);
+
+uint64_t released_since(uint64_t before) { return tray_test::stats_now().released_bytes - before; }
+
+// Pages freed while the program keeps using the pool stay for it to take again, however long
+// they have been free, up to what its pages were a moment ago; once it goes quiet, they go
+// back to the OS within half the window (the peak here is a window old about a third later).
+TEST(Rss, PagesFreedWhileBusyStayUntilTheProgramGoesQuiet) {
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const uint64_t released_before = tray_test::stats_now().released_bytes;
+  ASSERT_NO_FATAL_FAILURE(small_block_burst(kSwingBurstBytes));
+  const auto busy_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3 * tray::kPoolQuietMs);
+  ASSERT_NO_FATAL_FAILURE(
+      take_and_return_pages_until([&] { return std::chrono::steady_clock::now() >= busy_until; }));
+  EXPECT_LT(released_since(released_before), kSwingBurstBytes / 4)
+      << "pages freed " << 3 * tray::kPoolQuietMs << " ms ago went back while the program was busy";
+
+  const auto quiet_since = std::chrono::steady_clock::now();
+  while (released_since(released_before) < kSwingBurstBytes / 2 &&
+         std::chrono::steady_clock::now() < quiet_since + kHoldWindow / 2)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GE(released_since(released_before), kSwingBurstBytes / 2)
+      << "the freed pages were still held " << tray::kPoolHoldWindowMs / 2
+      << " ms after the last call";
+}
+
+// A program that stays busy but smaller does not keep its old peak's pages past the window.
+TEST(Rss, PagesFreedWhileBusyGoBackOnceThePeakIsAWindowOld) {
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const uint64_t released_before = tray_test::stats_now().released_bytes;
+  ASSERT_NO_FATAL_FAILURE(small_block_burst(kSwingBurstBytes));
+  const auto give_up_at = std::chrono::steady_clock::now() + 2 * kHoldWindow;
+  ASSERT_NO_FATAL_FAILURE(take_and_return_pages_until([&] {
+    return released_since(released_before) >= kSwingBurstBytes / 2 ||
+           std::chrono::steady_clock::now() >= give_up_at;
+  }));
+  EXPECT_GE(released_since(released_before), kSwingBurstBytes / 2)
+      << "a busy program kept its old peak's pages for twice the hold window";
+}
+
 // The child of a fork has no purger thread: it must start its own.
 TEST(Rss, ForkedChildReturnsMemoryWhenIdle) {
   if (tray_test::kThreadSanitizer) GTEST_SKIP() << "TSan kills a forked child that starts a thread";
