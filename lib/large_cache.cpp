@@ -31,6 +31,10 @@ uint64_t g_last_request_ms = 0;  // the last large request that could take from 
 LargeHeader* g_doomed[kLargeCacheCount];
 size_t g_doomed_used = 0;
 size_t g_doomed_bytes = 0;
+// Held by whoever takes the doomed mappings, from before it takes them until they are unmapped,
+// so that large_trim waits for a purger that is unmapping some: a program that trims and then
+// reads its resident size must find them gone. Taken before g_cache_lock.
+os::Mutex g_doomed_unmap_lock;
 
 // Mappings waiting for the purger are not the cache's: they count as committed until unmapped.
 void publish_cache_usage() {
@@ -89,12 +93,24 @@ void evict(LargeHeader* header, LargeHeader** out, size_t* count) {
   }
 }
 
-// Moves every mapping waiting for the purger into `out`, from `count` on. Lock held.
+// Moves every mapping waiting for the purger into `out`, from `count` on. Both locks held.
 size_t take_doomed(LargeHeader** out, size_t count) {
   for (size_t i = 0; i < g_doomed_used; ++i) out[count++] = g_doomed[i];
   g_doomed_used = 0;
   g_doomed_bytes = 0;
   return count;
+}
+
+// Unmaps every mapping waiting for the purger. No lock held.
+void unmap_doomed() {
+  LargeHeader* taken[kLargeCacheCount];
+  os::LockGuard unmapping(g_doomed_unmap_lock);
+  size_t count;
+  {
+    os::LockGuard guard(g_cache_lock);
+    count = take_doomed(taken, 0);
+  }
+  for (size_t i = 0; i < count; ++i) large_unmap_mapping(taken[i]);
 }
 
 // Unmaps what eviction left to the caller, and wakes the purger for what it left to it.
@@ -208,9 +224,10 @@ void large_unmap_mapping(LargeHeader* header) {
 // what the block needs; else the one with the most touched pages, for the caller to grow
 // (moving pages costs less than faulting in fresh ones). nullptr if the cache is empty.
 LargeHeader* large_cache_take(size_t used_bytes) {
-  LargeHeader* evicted[2 * kLargeCacheCount];
+  LargeHeader* evicted[kLargeCacheCount];
   size_t evicted_count;
   bool doomed;
+  bool orphaned;
   LargeHeader* best = nullptr;
   {
     os::LockGuard guard(g_cache_lock);
@@ -218,11 +235,11 @@ LargeHeader* large_cache_take(size_t used_bytes) {
     g_last_request_ms = now;
     const size_t doomed_before = g_doomed_used;
     evicted_count = cache_evict(now, 0, cache_limit_bytes(now, 0), evicted);
+    doomed = g_doomed_used > doomed_before;
     // No purger to unmap what waits for it (a fork's child, before its purger starts again):
     // the program's next large request does.
-    if (g_purger_state.load(std::memory_order_relaxed) != PurgerState::kRunning)
-      evicted_count = take_doomed(evicted, evicted_count);
-    doomed = g_doomed_used > doomed_before;
+    orphaned = g_doomed_used != 0 &&
+               g_purger_state.load(std::memory_order_relaxed) != PurgerState::kRunning;
     size_t best_index = 0;
     for (size_t i = 0; i < g_cache_used; ++i) {
       LargeHeader* h = g_cache[i];
@@ -248,6 +265,7 @@ LargeHeader* large_cache_take(size_t used_bytes) {
     publish_cache_usage();
   }
   finish_evictions(evicted, evicted_count, doomed);
+  if (orphaned) unmap_doomed();
   return best;
 }
 
@@ -302,32 +320,37 @@ bool large_trim() {
   LargeHeader* taken[2 * kLargeCacheCount];
   size_t count;
   {
-    os::LockGuard guard(g_cache_lock);
-    count = take_doomed(taken, 0);
-    for (size_t i = 0; i < g_cache_used; ++i) taken[count++] = g_cache[i];
-    g_cache_used = 0;
-    g_cache_bytes = 0;
-    publish_cache_usage();
+    os::LockGuard unmapping(g_doomed_unmap_lock);
+    {
+      os::LockGuard guard(g_cache_lock);
+      count = take_doomed(taken, 0);
+      for (size_t i = 0; i < g_cache_used; ++i) taken[count++] = g_cache[i];
+      g_cache_used = 0;
+      g_cache_bytes = 0;
+      publish_cache_usage();
+    }
+    for (size_t i = 0; i < count; ++i) large_unmap_mapping(taken[i]);
   }
-  for (size_t i = 0; i < count; ++i) large_unmap_mapping(taken[i]);
   const bool spans = span_trim();
   return count != 0 || spans;
 }
 
 uint64_t large_purge_expired(uint64_t now_ms) {
-  LargeHeader* evicted[2 * kLargeCacheCount];
+  LargeHeader* evicted[kLargeCacheCount];
   size_t count;
   uint64_t due = kNeverMs;
+  bool doomed;
   {
     os::LockGuard guard(g_cache_lock);
-    // What the eviction hands to the purger is this thread's to unmap now.
     count = cache_evict(now_ms, 0, cache_limit_bytes(now_ms, 0), evicted);
-    count = take_doomed(evicted, count);
     for (size_t i = 0; i < g_cache_used; ++i)
       due = std::min(due, cache_expiry_ms(g_cache[i]));
+    doomed = g_doomed_used != 0;
     publish_cache_usage();
   }
   for (size_t i = 0; i < count; ++i) large_unmap_mapping(evicted[i]);
+  // With what the eviction handed to the purger: it is this thread's to unmap now.
+  if (doomed) unmap_doomed();
   return std::min(due, span_purge_expired(now_ms));
 }
 
@@ -340,6 +363,7 @@ void large_cache_usage(size_t* blocks, size_t* bytes) {
 }
 
 void large_lock_for_fork() {
+  g_doomed_unmap_lock.lock();
   g_cache_lock.lock();
   span_lock_for_fork();
 }
@@ -347,6 +371,7 @@ void large_lock_for_fork() {
 void large_unlock_after_fork() {
   span_unlock_after_fork();
   g_cache_lock.unlock();
+  g_doomed_unmap_lock.unlock();
 }
 
 }  // namespace tray
