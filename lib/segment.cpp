@@ -438,8 +438,11 @@ uint64_t segment_purge_expired(uint64_t now_ms) {
   if (due == kNeverMs) return due;
   due = std::max(due, g_last_purge_ms + kPurgeDelayMs);
   // What is held waits for the program to go quiet or for its peak to age out.
-  if (g_dirty_bytes <= held_dirty_bytes(now_ms))
-    due = std::max(due, std::min(g_last_pool_call_ms + kPoolQuietMs, g_peak_page_bytes.until_ms()));
+  if (g_dirty_bytes <= held_dirty_bytes(now_ms)) {
+    const uint64_t hold_ends =
+        std::min(g_last_pool_call_ms + kPoolQuietMs, g_peak_page_bytes.until_ms());
+    due = std::max(due, hold_ends);
+  }
   return due;
 }
 

@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
       }
     }
   }
-  for (workload::StampedBlock& block : live) workload::free_stamped(block, checks, "swing block stamp");
+  for (workload::StampedBlock& block : live)
+    workload::free_stamped(block, checks, "swing block stamp");
   const double seconds = stopwatch.seconds();
 
   const uint64_t ops = steps_per_phase * std::size(kPhases) * kRounds;

@@ -178,7 +178,8 @@ TEST(Rss, PagesFreedWhileBusyStayUntilTheProgramGoesQuiet) {
   ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
   const uint64_t released_before = tray_test::stats_now().released_bytes;
   ASSERT_NO_FATAL_FAILURE(small_block_burst(kSwingBurstBytes));
-  const auto busy_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3 * tray::kPoolQuietMs);
+  const auto busy_until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(3 * tray::kPoolQuietMs);
   ASSERT_NO_FATAL_FAILURE(
       take_and_return_pages_until([&] { return std::chrono::steady_clock::now() >= busy_until; }));
   EXPECT_LT(released_since(released_before), kSwingBurstBytes / 4)
