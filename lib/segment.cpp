@@ -243,7 +243,7 @@ size_t held_dirty_bytes(uint64_t now) {
 }
 
 void select_purges(uint64_t now, bool force, bool again, PoolWork& work) {
-  const size_t held = force ? 0 : held_dirty_bytes(now);
+  const size_t held = held_dirty_bytes(now);
   const size_t limit = std::max(dirty_limit_bytes(), held);
   const bool over_limit = g_dirty_bytes > limit;
   if (!force && !again && !over_limit && now - g_last_purge_ms < kPurgeDelayMs) return;

@@ -171,17 +171,23 @@ constexpr auto kHoldWindow = std::chrono::milliseconds(tray::kPoolHoldWindowMs);
 
 uint64_t released_since(uint64_t before) { return tray_test::stats_now().released_bytes - before; }
 
+// Frees a burst the pool's limit alone would purge, then takes and returns pages for three
+// quiet times, longer than the purge delay.
+void free_a_burst_then_stay_busy() {
+  ASSERT_NO_FATAL_FAILURE(small_block_burst(kSwingBurstBytes));
+  const auto busy_until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(3 * tray::kPoolQuietMs);
+  ASSERT_NO_FATAL_FAILURE(
+      take_and_return_pages_until([&] { return std::chrono::steady_clock::now() >= busy_until; }));
+}
+
 // Pages freed while the program keeps using the pool stay for it to take again, however long
 // they have been free, up to what its pages were a moment ago; once it goes quiet, they go
 // back to the OS within half the window (the peak here is a window old about a third later).
 TEST(Rss, PagesFreedWhileBusyStayUntilTheProgramGoesQuiet) {
   ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
   const uint64_t released_before = tray_test::stats_now().released_bytes;
-  ASSERT_NO_FATAL_FAILURE(small_block_burst(kSwingBurstBytes));
-  const auto busy_until =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(3 * tray::kPoolQuietMs);
-  ASSERT_NO_FATAL_FAILURE(
-      take_and_return_pages_until([&] { return std::chrono::steady_clock::now() >= busy_until; }));
+  ASSERT_NO_FATAL_FAILURE(free_a_burst_then_stay_busy());
   EXPECT_LT(released_since(released_before), kSwingBurstBytes / 4)
       << "pages freed " << 3 * tray::kPoolQuietMs << " ms ago went back while the program was busy";
 
@@ -192,6 +198,16 @@ TEST(Rss, PagesFreedWhileBusyStayUntilTheProgramGoesQuiet) {
   EXPECT_GE(released_since(released_before), kSwingBurstBytes / 2)
       << "the freed pages were still held " << tray::kPoolHoldWindowMs / 2
       << " ms after the last call";
+}
+
+// What is held goes back at once on a trim.
+TEST(Rss, TrimGivesBackWhatIsHeldForABusyProgram) {
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const uint64_t released_before = tray_test::stats_now().released_bytes;
+  ASSERT_NO_FATAL_FAILURE(free_a_burst_then_stay_busy());
+  ASSERT_LT(released_since(released_before), kSwingBurstBytes / 4) << "nothing was held";
+  EXPECT_EQ(tray_trim(), 1);
+  EXPECT_GE(released_since(released_before), kSwingBurstBytes / 2);
 }
 
 // A program that stays busy but smaller does not keep its old peak's pages past the window.
