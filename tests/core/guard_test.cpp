@@ -73,16 +73,16 @@ TEST(Guard, LiveBlocksAreBoundedBySlots) {
       count += guarded(blocks.back()) ? 1 : 0;
     }
     EXPECT_EQ(count, 8u);
-    for (void* p : blocks)
+    for (void*& p : blocks)
       if (guarded(p)) {
         tray_free(p);
+        p = nullptr;
         break;
       }
     void* again = tray_malloc(64);
     EXPECT_TRUE(guarded(again));
     tray_free(again);
-    for (void* p : blocks)
-      if (p != again) tray_free(p);
+    for (void* p : blocks) tray_free(p);
   });
   EXPECT_EQ(tray_option_set("guard_sample", "0"), 0);
 }
