@@ -196,6 +196,7 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   count_add(g_totals.large_allocations, 1);
   count_add(g_totals.bytes_large, large_usable_size(header));
   count_max(g_totals.bytes_large_peak, g_totals.bytes_large.load(std::memory_order_relaxed));
+  segment_large_grew();
   return header->user;
 }
 

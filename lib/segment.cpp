@@ -79,8 +79,12 @@ size_t g_cache_count = 0;
 size_t g_dirty_bytes = 0;
 size_t g_page_bytes = 0;            // units that belong to pages
 uint64_t g_last_purge_ms = 0;
-constinit RecentPeak<kPoolHoldWindowMs> g_peak_page_bytes;  // of g_page_bytes, lately
+constinit RecentPeak<kPoolHoldWindowMs> g_peak_demand;  // of demand_bytes(), lately
 uint64_t g_last_pool_call_ms = 0;   // the last page taken or returned
+// Whether the last look at the dirty units found some held (held_dirty_bytes): a large block
+// that grows what the program holds may end that, and only then looks again. Written under
+// the lock, read without it.
+std::atomic<bool> g_pool_holding{false};
 
 void list_push(Segment*& head, Segment* s) {
   s->prev = nullptr;
@@ -230,20 +234,28 @@ size_t dirty_limit_bytes() {
   return std::max(kDirtyFloorBytes, g_page_bytes / 100 * kDirtyPercentOfInUse);
 }
 
+// What the program's blocks hold: the bytes in pages and the live large blocks.
+size_t demand_bytes() {
+  return g_page_bytes + g_totals.bytes_large.load(std::memory_order_relaxed);
+}
+
 // Dirty units that neither the delay nor the limit purge: while the program keeps taking and
-// returning pages, those that would bring its pages back to their most of the last
-// kPoolHoldWindowMs. Its pages were that big a moment ago, so keeping them adds nothing to
-// its peak, and a program whose pages swing (a phase of big blocks after one of small ones,
-// a burst of requests) takes them back without a page fault each. Once it goes quiet, or
-// stays smaller for a window, they go as before.
+// returning pages, those that would bring what its blocks hold back to its most of the last
+// kPoolHoldWindowMs. It held that much a moment ago, so keeping them adds nothing to its peak,
+// and a program whose pages swing (a phase of big blocks after one of small ones, a burst of
+// requests) takes them back without a page fault each. Large blocks count too: pages held
+// for a phase of small blocks while a phase of large ones grows would add to the peak. Once
+// the program goes quiet, or stays smaller for a window, they go as before.
 size_t held_dirty_bytes(uint64_t now) {
   if (now - g_last_pool_call_ms >= kPoolQuietMs) return 0;
-  const size_t peak = g_peak_page_bytes.recent(now);
-  return peak > g_page_bytes ? peak - g_page_bytes : 0;
+  const size_t peak = g_peak_demand.recent(now);
+  const size_t demand = demand_bytes();
+  return peak > demand ? peak - demand : 0;
 }
 
 void select_purges(uint64_t now, bool force, bool again, PoolWork& work) {
   const size_t held = held_dirty_bytes(now);
+  g_pool_holding.store(held != 0, std::memory_order_relaxed);
   const size_t limit = std::max(dirty_limit_bytes(), held);
   const bool over_limit = g_dirty_bytes > limit;
   if (!force && !again && !over_limit && now - g_last_purge_ms < kPurgeDelayMs) return;
@@ -380,7 +392,7 @@ Page* segment_take_page(unsigned units) {
       }
       if (s != nullptr) {
         page = carve_page(s, first, units);
-        g_peak_page_bytes.note(g_page_bytes, now);
+        g_peak_demand.note(demand_bytes(), now);
         g_last_pool_call_ms = now;
         if (fresh != nullptr) {
           list_push(g_partial, fresh);
@@ -440,10 +452,21 @@ uint64_t segment_purge_expired(uint64_t now_ms) {
   // What is held waits for the program to go quiet or for its peak to age out.
   if (g_dirty_bytes <= held_dirty_bytes(now_ms)) {
     const uint64_t hold_ends =
-        std::min(g_last_pool_call_ms + kPoolQuietMs, g_peak_page_bytes.until_ms());
+        std::min(g_last_pool_call_ms + kPoolQuietMs, g_peak_demand.until_ms());
     due = std::max(due, hold_ends);
   }
   return due;
+}
+
+void segment_large_grew() {
+  if (!g_pool_holding.load(std::memory_order_relaxed)) return;
+  const uint64_t now = os::now_ms();
+  PoolWork work;
+  {
+    os::LockGuard guard(g_pool_lock);
+    select_purges(now, false, false, work);
+  }
+  finish_pool_work(work, now, false);
 }
 
 bool segment_trim() {

@@ -103,6 +103,9 @@ Page* segment_take_page(unsigned units);
 void segment_return_page(Page* page);
 // Purges every dirty unit and unmaps cached segments; true if anything went back to the OS.
 bool segment_trim();
+// A large block was allocated: the dirty units the pool held for the program's recent peak
+// may now be beyond it, and go (a relaxed load while the pool holds none).
+void segment_large_grew();
 // Purges the units whose delay has run out (for the idle purger): when the next ones will be
 // due, or kNeverMs if no unit is dirty.
 uint64_t segment_purge_expired(uint64_t now_ms);
