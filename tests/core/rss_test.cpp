@@ -11,6 +11,7 @@
 #include <cstring>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "core/config.hpp"
 #include "size_classes.hpp"
@@ -219,6 +220,24 @@ TEST(Rss, TrimGivesBackWhatIsHeldForABusyProgram) {
   ASSERT_LT(released_since(released_before), kSwingBurstBytes / 4) << "nothing was held";
   EXPECT_EQ(tray_trim(), 1);
   EXPECT_GE(released_since(released_before), kSwingBurstBytes / 2);
+}
+
+// Large blocks count in what the program holds: pages held for a phase of small blocks go when
+// large ones take their place, at the large allocation itself (held, they would add to the
+// peak of a phase of large blocks).
+TEST(Rss, PagesHeldForABusyProgramGoWhenLargeBlocksTakeTheirPlace) {
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const uint64_t released_before = tray_test::stats_now().released_bytes;
+  ASSERT_NO_FATAL_FAILURE(free_a_burst_then_stay_busy());
+  ASSERT_LT(released_since(released_before), kSwingBurstBytes / 4) << "nothing was held";
+  std::vector<void*> large;
+  for (size_t bytes = 0; bytes <= kSwingBurstBytes; bytes += kLargeBlockBytes) {
+    large.push_back(tray_malloc(kLargeBlockBytes));  // untouched: only the count matters
+    ASSERT_NE(large.back(), nullptr);
+  }
+  const uint64_t released = released_since(released_before);
+  for (void* p : large) tray_free(p);
+  EXPECT_GE(released, kSwingBurstBytes / 2) << "pages stayed held beside the large blocks";
 }
 
 // A program that stays busy but smaller does not keep its old peak's pages past the window.

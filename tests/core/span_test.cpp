@@ -189,6 +189,41 @@ TEST_F(Span, ABurstStaysWarmAndIsGivenBackAfterTheDelay) {
   EXPECT_EQ(tray_test::stats_now().large.cached_bytes, 0u);
 }
 
+// Free runs that the dirty limit let stay at the program's peak (holes that no request of the
+// moment fits) stay while the blocks around them die a moment later: the limit's share of the
+// live bytes is of the recent peak, as what was freed since is. A share of what is still live
+// shrank as they died, and the runs went back a chunk at a time, to be faulted in again when
+// the blocks came back.
+TEST_F(Span, RunsKeptAtThePeakStayWhileTheBlocksDie) {
+  // Three blocks fill a chunk, so a hole left by one joins no free pages; the big blocks fit
+  // in no hole. At the peak, 48 MiB of big blocks beside 32 MiB of live small ones and 32 MiB
+  // of holes (dirty), under the limit; then the big blocks die.
+  const size_t small_bytes = tray::kSpanMaxBytes / 3 - 64;
+  const size_t count = 3 * (tray::kSpanDirtyFloorBytes / kMiB);
+  const size_t big_bytes = 2 * kMiB;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<void*> small;
+  for (size_t i = 0; i < count; ++i) small.push_back(tray_malloc(small_bytes));
+  for (size_t i = 0; i < count; i += 2) {
+    tray_free(small[i]);
+    small[i] = nullptr;
+  }
+  std::vector<void*> big;
+  for (size_t i = 0; i < count / 2; ++i) big.push_back(tray_malloc(big_bytes));
+  const size_t holes = tray_test::stats_now().large.cached_bytes;
+  for (void* p : big) tray_free(p);
+  const size_t after = tray_test::stats_now().large.cached_bytes;
+  // Requests must have come within kSpanIdleMs, and no chunk may have been free for the
+  // purge delay: on a machine too loaded for that, the limit is zero and nothing tells.
+  const bool in_time = std::chrono::steady_clock::now() - start <
+                       std::chrono::milliseconds(tray::kSpanIdleMs);
+  for (void* p : small) tray_free(p);
+  if (!in_time) GTEST_SKIP() << "the frees came more than " << tray::kSpanIdleMs << " ms late";
+  ASSERT_GE(holes, count / 2 * small_bytes) << "the holes stayed at the peak";
+  EXPECT_GE(after, holes + count / 2 * big_bytes)
+      << "runs that stayed at the peak went back while the blocks around them died";
+}
+
 // Purges claim free runs under the lock and madvise them after letting go: blocks allocated,
 // grown and freed by other threads meanwhile must keep their bytes, and a calloc must read
 // zero whether its run was dirty, purged, or just given back by a purge.
