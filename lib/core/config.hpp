@@ -38,10 +38,11 @@ inline constexpr uint64_t kPurgeDelayMs = 200;
 // a request whose blocks all die together); the share keeps bigger heaps just as fast.
 inline constexpr size_t kDirtyFloorBytes = size_t{64} << 20;
 inline constexpr size_t kDirtyPercentOfInUse = 25;
-// Neither purges the dirty units that would bring the bytes in pages back to their most of
-// the last window, while the program took or returned a page within the quiet time
-// (segment.cpp). Longer than the phases of a program whose pages swing (a Python script's
-// size bands came back every 1.6 s); a program that stays smaller keeps them that long.
+// Neither purges the dirty units that would bring what the program's blocks hold (bytes in
+// pages and live large blocks) back to its most of the last window, while the program took or
+// returned a page within the quiet time (segment.cpp). Longer than the phases of a program
+// whose pages swing (a Python script's size bands came back every 1.6 s); a program that stays
+// smaller keeps them that long.
 inline constexpr uint64_t kPoolHoldWindowMs = 3000;
 inline constexpr uint64_t kPoolQuietMs = kPurgeDelayMs;
 // The idle purger (purger.cpp) sleeps until the next delay runs out, plus this much: the clock
