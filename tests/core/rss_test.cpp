@@ -195,7 +195,8 @@ void free_a_burst_then_stay_busy() {
 
 // Pages freed while the program keeps using the pool stay for it to take again, however long
 // they have been free, up to what its pages were a moment ago; once it goes quiet, they go
-// back to the OS within half the window (the peak here is a window old about a third later).
+// back to the OS within half the window (the burst's peak would only age out 2.4 s after the
+// busy part, so a hold that ignored quietness would fail).
 TEST(Rss, PagesFreedWhileBusyStayUntilTheProgramGoesQuiet) {
   ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
   const uint64_t released_before = tray_test::stats_now().released_bytes;
