@@ -93,24 +93,21 @@ void evict(LargeHeader* header, LargeHeader** out, size_t* count) {
   }
 }
 
-// Moves every mapping waiting for the purger into `out`, from `count` on. Both locks held.
-size_t take_doomed(LargeHeader** out, size_t count) {
-  for (size_t i = 0; i < g_doomed_used; ++i) out[count++] = g_doomed[i];
-  g_doomed_used = 0;
-  g_doomed_bytes = 0;
-  return count;
-}
-
-// Unmaps every mapping waiting for the purger. No lock held.
-void unmap_doomed() {
+// Unmaps every mapping waiting for the purger, after any that another thread is unmapping;
+// how many this call unmapped. No lock held.
+size_t unmap_doomed() {
   LargeHeader* taken[kLargeCacheCount];
   os::LockGuard unmapping(g_doomed_unmap_lock);
   size_t count;
   {
     os::LockGuard guard(g_cache_lock);
-    count = take_doomed(taken, 0);
+    count = g_doomed_used;
+    std::copy_n(g_doomed, count, taken);
+    g_doomed_used = 0;
+    g_doomed_bytes = 0;
   }
   for (size_t i = 0; i < count; ++i) large_unmap_mapping(taken[i]);
+  return count;
 }
 
 // Unmaps what eviction left to the caller, and wakes the purger for what it left to it.
@@ -317,22 +314,20 @@ LargeHeader* large_cache_take_at(const char* address, size_t bytes) {
 }
 
 bool large_trim() {
-  LargeHeader* taken[2 * kLargeCacheCount];
+  const size_t doomed = unmap_doomed();
+  LargeHeader* taken[kLargeCacheCount];
   size_t count;
   {
-    os::LockGuard unmapping(g_doomed_unmap_lock);
-    {
-      os::LockGuard guard(g_cache_lock);
-      count = take_doomed(taken, 0);
-      for (size_t i = 0; i < g_cache_used; ++i) taken[count++] = g_cache[i];
-      g_cache_used = 0;
-      g_cache_bytes = 0;
-      publish_cache_usage();
-    }
-    for (size_t i = 0; i < count; ++i) large_unmap_mapping(taken[i]);
+    os::LockGuard guard(g_cache_lock);
+    count = g_cache_used;
+    std::copy_n(g_cache, count, taken);
+    g_cache_used = 0;
+    g_cache_bytes = 0;
+    publish_cache_usage();
   }
+  for (size_t i = 0; i < count; ++i) large_unmap_mapping(taken[i]);
   const bool spans = span_trim();
-  return count != 0 || spans;
+  return doomed + count != 0 || spans;
 }
 
 uint64_t large_purge_expired(uint64_t now_ms) {
