@@ -111,18 +111,18 @@ int find_run(uint64_t bits, unsigned count) {
   return starts == 0 ? -1 : std::countr_zero(starts);
 }
 
-Segment* segment_map_new() {
-  void* memory = os::map_aligned(kSegmentBytes, kSegmentBytes);
-  if (memory == nullptr) return nullptr;
+std::atomic<EmptyChunkSource> g_empty_chunk_source{nullptr};
+
+// A segment over `memory` (4 MiB, aligned), every unit free; those of `resident_units` still
+// hold memory (dirty, counted into g_dirty_bytes when it joins the pool, under the lock), the
+// others read zero. nullptr if the unit map cannot take it.
+Segment* segment_start(void* memory, uint64_t resident_units) {
   auto* s = static_cast<Segment*>(memory);
-  if (!unit_map_prepare(s)) {
-    os::unmap(memory, kSegmentBytes);
-    return nullptr;
-  }
+  if (!unit_map_prepare(s)) return nullptr;
   s->magic = kSegmentMagic;
   s->free_units = kUsableUnits;
-  s->dirty_units = 0;
-  s->dirty_since_ms = 0;
+  s->dirty_units = resident_units & kUsableUnits;
+  s->dirty_since_ms = os::now_ms();
   s->next = s->prev = nullptr;
   for (auto& page : s->pages) new (&page) Page();
   for (auto& states : s->debug_states) states = nullptr;
@@ -130,13 +130,43 @@ Segment* segment_map_new() {
   unit_map_set(s, 0, kUnitsPerSegment, &s->pages[0]);
   chunk_map_set(s, kSegmentBytes, false);
   count_add(g_totals.segments_mapped, 1);
+  count_add(g_totals.bytes_decommitted, kSegmentBytes - kUnitBytes - size_t(popcount64(s->dirty_units)) * kUnitBytes);
+  return s;
+}
+
+// An empty chunk that still holds resident memory, if the source has one, before a new mapping.
+Segment* segment_map_new() {
+  if (EmptyChunkSource source = g_empty_chunk_source.load(std::memory_order_acquire); source != nullptr) {
+    uint64_t resident_units = 0;
+    if (void* memory = source(&resident_units); memory != nullptr) {
+      track_unmapped(memory, kSegmentBytes);
+      if (Segment* s = segment_start(memory, resident_units); s != nullptr) return s;
+      // The source's mapping, still counted and marked as its own.
+      chunk_map_clear(memory, kSegmentBytes);
+      os::unmap(memory, kSegmentBytes);
+      count_sub(g_totals.bytes_mapped, kSegmentBytes);
+      return nullptr;
+    }
+  }
+  void* memory = os::map_aligned(kSegmentBytes, kSegmentBytes);
+  if (memory == nullptr) return nullptr;
+  Segment* s = segment_start(memory, 0);
+  if (s == nullptr) {
+    os::unmap(memory, kSegmentBytes);
+    return nullptr;
+  }
   count_add(g_totals.bytes_mapped, kSegmentBytes);
-  count_add(g_totals.bytes_decommitted, kSegmentBytes - kUnitBytes);  // untouched so far
   // Pages freed later will need the purger, and frees may not start it: the allocation that
   // mapped this will. Not for the first segment, which the loader's first allocation may map
   // before the C library could start a thread.
   if (g_totals.segments_mapped.load(std::memory_order_relaxed) > 1) purger_expect();
   return s;
+}
+
+// A segment from segment_map_new joins the pool.
+void pool_add_new(Segment* s) {
+  list_push(g_partial, s);
+  g_dirty_bytes += size_t(popcount64(s->dirty_units)) * kUnitBytes;
 }
 
 void segment_unmap(Segment* s) {
@@ -380,13 +410,15 @@ Page* segment_take_page(unsigned units) {
           s = g_cache;
           g_cache = s->next;
           --g_cache_count;
-        } else {
+          list_push(g_partial, s);
+        } else if (fresh != nullptr) {
           s = fresh;
           fresh = nullptr;
+          pool_add_new(s);
         }
         if (s != nullptr) {
-          list_push(g_partial, s);
-          first = find_run(s->free_units, units);
+          first = find_run(s->free_units & s->dirty_units, units);
+          if (first < 0) first = find_run(s->free_units, units);
           TRAY_CHECK(first >= 1);
         }
       }
@@ -395,7 +427,7 @@ Page* segment_take_page(unsigned units) {
         g_peak_demand.note(demand_bytes(), now);
         g_last_pool_call_ms = now;
         if (fresh != nullptr) {
-          list_push(g_partial, fresh);
+          pool_add_new(fresh);
           retire_if_empty(fresh, work);
         }
         select_purges(now, false, false, work);
@@ -487,6 +519,31 @@ bool segment_trim() {
   }
   finish_pool_work(work, now, true);
   return g_totals.bytes_purged.load(std::memory_order_relaxed) != before;
+}
+
+void* segment_give_empty(uint64_t* resident_units) {
+  Segment* s = nullptr;
+  {
+    os::LockGuard guard(g_pool_lock);
+    for (Segment* c = g_partial; c != nullptr; c = c->next)
+      if (c->free_units == kUsableUnits && (s == nullptr || popcount64(c->dirty_units) > popcount64(s->dirty_units)))
+        s = c;
+    if (s == nullptr || s->dirty_units == 0) return nullptr;
+    list_remove(g_partial, s);
+    const size_t dirty = size_t(popcount64(s->dirty_units));
+    g_dirty_bytes -= dirty * kUnitBytes;
+    *resident_units = s->dirty_units | 1;
+    // Its free units become the caller's: neither resident nor purged segment memory any more.
+    count_sub(g_totals.bytes_decommitted, (kUnitsPerSegment - 1 - dirty) * kUnitBytes);
+    count_sub(g_totals.segments_mapped, 1);
+    unit_map_set(s, 0, kUnitsPerSegment, nullptr);
+  }
+  track_unmapped(s, kSegmentBytes);
+  return s;
+}
+
+void segment_set_empty_chunk_source(EmptyChunkSource source) {
+  g_empty_chunk_source.store(source, std::memory_order_release);
 }
 
 void segment_lock_for_fork() { g_pool_lock.lock(); }

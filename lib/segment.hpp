@@ -5,7 +5,10 @@
 // (header at the chunk's start), or a large block (header some chunks back). Segments come
 // from the OS and are shared by all heaps through one pool, under one lock taken only when a
 // page changes hands and held for list and mask updates only: mmap, munmap and madvise run
-// after it is let go. Empty units are given back to the OS after a delay.
+// after it is let go. Empty units are given back to the OS after a delay. An empty segment
+// whose units are still resident can become a span chunk (span.hpp), and an empty chunk a
+// segment, so that memory a phase of the program freed serves the next phase whatever the
+// size of its blocks.
 #pragma once
 
 #include <atomic>
@@ -109,6 +112,23 @@ void segment_large_grew();
 // Purges the units whose delay has run out (for the idle purger): when the next ones will be
 // due, or kNeverMs if no unit is dirty.
 uint64_t segment_purge_expired(uint64_t now_ms);
+
+// An empty segment whose free units still hold resident memory, given up for another use (a
+// span chunk) so that memory serves it without page faults instead of being purged here while
+// the other use faults in new pages: the segment leaves the pool, its unit map entries and its
+// count; the chunk map entry is the caller's to set. Bit u of *resident_units: unit u may be
+// resident (unit 0, the header, always); the other units read zero. nullptr if no segment is
+// empty and dirty. Takes the pool lock: never call it under the pool lock.
+void* segment_give_empty(uint64_t* resident_units);
+
+// Where the pool looks for an empty chunk that still holds resident memory before it maps a
+// new segment: span.cpp's empty chunks, which a program whose big blocks died as its small
+// ones grow would otherwise purge while the pool faulted in new units. A callback because the
+// span layer sits above this one. The source returns a 4 MiB-aligned chunk that is no longer
+// its own (or nullptr) and sets *resident_units as segment_give_empty does; it is called
+// without the pool lock, so it may take its own.
+using EmptyChunkSource = void* (*)(uint64_t* resident_units);
+void segment_set_empty_chunk_source(EmptyChunkSource source);
 
 // The pool lock, for fork handlers.
 void segment_lock_for_fork();

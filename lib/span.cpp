@@ -17,6 +17,7 @@ namespace tray {
 namespace {
 
 constexpr size_t kBitWords = kSpanChunkPages / 64;
+constexpr size_t kPagesPerUnit = kUnitBytes / kSpanPageBytes;  // the pool's unit, in pages
 
 // The first page of a span chunk. `magic` lies where a LargeHeader has its own. Lock held for
 // everything but `start`, which frees read without it (a block's entries change only while
@@ -297,18 +298,70 @@ bool unmap_empty_chunks(Expired expired) {
   return any;
 }
 
-SpanChunk* map_chunk() {
-  auto* chunk = static_cast<SpanChunk*>(os::map_aligned(kSegmentBytes, kSegmentBytes));
-  if (chunk == nullptr) return nullptr;
+// Every page free; `resident_units` (64 KiB units, as the pool counts them) says which may
+// hold memory already: those pages are free and dirty, the rest read zero.
+SpanChunk* start_chunk(void* memory, uint64_t resident_units) {
+  auto* chunk = static_cast<SpanChunk*>(memory);
+  *chunk = SpanChunk{};
   chunk->magic = kSpanChunkMagic;
   chunk->free_pages = kSpanChunkPages - 1;
   set_range(chunk->free_bits, 1, kSpanChunkPages - 1, true);
+  for (uint64_t left = resident_units; left != 0; left &= left - 1) {
+    const size_t first = std::max<size_t>(1, size_t(__builtin_ctzll(left)) * kPagesPerUnit);
+    const size_t end = (size_t(__builtin_ctzll(left)) + 1) * kPagesPerUnit;
+    set_range(chunk->dirty_bits, first, end - first, true);
+    chunk->dirty_pages += uint32_t(end - first);
+  }
+  chunk->freed_ms = os::now_ms();
   chunk->next = g_chunks;
   g_chunks = chunk;
-  count_add(g_totals.bytes_mapped, kSegmentBytes);
-  count_add(g_totals.bytes_large_committed, kSpanPageBytes);
+  g_dirty_bytes += chunk->dirty_pages * kSpanPageBytes;
+  count_add(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
   chunk_map_set(chunk, kSegmentBytes, true);
   return chunk;
+}
+
+// For the pool, about to map a segment: the empty chunk with the most resident pages, if any
+// has one, as a 64 KiB unit mask of what may be resident. It leaves the chunks and their
+// counts (the mapping stays counted); the pool sets the chunk map.
+void* give_empty_chunk(uint64_t* resident_units) {
+  os::LockGuard guard(g_lock);
+  SpanChunk** best = nullptr;
+  for (SpanChunk** link = &g_chunks; *link != nullptr; link = &(*link)->next)
+    if (chunk_empty(*link) && (*link)->dirty_pages != 0 && (best == nullptr || (*link)->dirty_pages > (*best)->dirty_pages))
+      best = link;
+  if (best == nullptr) return nullptr;
+  SpanChunk* chunk = *best;
+  *best = chunk->next;
+  uint64_t units = 1;
+  for (size_t i = next_with(chunk->dirty_bits, 1, true); i < kSpanChunkPages;) {
+    units |= uint64_t{1} << (i / kPagesPerUnit);
+    i = next_with(chunk->dirty_bits, (i / kPagesPerUnit + 1) * kPagesPerUnit, true);
+  }
+  *resident_units = units;
+  g_dirty_bytes -= chunk->dirty_pages * kSpanPageBytes;
+  count_sub(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
+  publish();
+  return chunk;
+}
+
+// An empty segment of the pool whose units are still resident comes first: when a program's
+// small blocks die as its big ones grow, the pool would purge those units while this faulted
+// in new ones, the same memory twice. The pool asks the same of the chunks in turn, once
+// there are any.
+SpanChunk* new_chunk() {
+  static bool offered = false;  // under the lock
+  if (!offered) {
+    segment_set_empty_chunk_source(&give_empty_chunk);
+    offered = true;
+  }
+  uint64_t resident_units = 0;
+  if (void* segment = segment_give_empty(&resident_units); segment != nullptr)
+    return start_chunk(segment, resident_units);
+  void* memory = os::map_aligned(kSegmentBytes, kSegmentBytes);
+  if (memory == nullptr) return nullptr;
+  count_add(g_totals.bytes_mapped, kSegmentBytes);
+  return start_chunk(memory, 0);
 }
 
 // The smallest free run of at least `count` pages over all chunks (the first of equals):
@@ -343,7 +396,7 @@ LargeHeader* span_alloc(size_t used_bytes) {
   SpanChunk* chunk = nullptr;
   size_t first = 0;
   if (!best_fit(count, &chunk, &first)) {
-    chunk = map_chunk();
+    chunk = new_chunk();
     if (chunk == nullptr) return nullptr;
     first = 1;
   }

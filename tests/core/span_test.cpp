@@ -4,6 +4,7 @@
 // and once the purge delay runs out. Each test starts from a trim, which unmaps every empty
 // chunk, so the blocks it allocates are laid out from the start of a fresh chunk.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -36,6 +38,17 @@ char* alloc_filled(size_t size, uint8_t seed) {
 }
 
 uintptr_t chunk_of(const void* p) { return reinterpret_cast<uintptr_t>(p) & ~(tray::kSegmentBytes - 1); }
+
+// Of the OS pages of [p, p + size), the share that is resident, in percent.
+size_t resident_percent(const void* p, size_t size) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{4095};
+  const size_t pages = (reinterpret_cast<uintptr_t>(p) + size - first + 4095) / 4096;
+  std::vector<unsigned char> in_core(pages);
+  if (mincore(reinterpret_cast<void*>(first), pages * 4096, in_core.data()) != 0) return 0;
+  size_t resident = 0;
+  for (unsigned char page : in_core) resident += page & 1;
+  return resident * 100 / pages;
+}
 
 class Span : public ::testing::Test {
  protected:
@@ -299,6 +312,70 @@ TEST_F(Span, RequestsStoppedATenthOfASecondAgoKeepNothing) {
   tray_free(a);
   EXPECT_EQ(tray_test::stats_now().large.cached_bytes, 0u);
   tray_free(b);
+}
+
+// The small blocks of a phase die and a big block comes: it is placed in a segment the pool
+// just got back, on its resident units, rather than on new pages while the pool purges those.
+TEST_F(Span, ABlockTakesAnEmptySegmentsResidentMemory) {
+  const auto start = std::chrono::steady_clock::now();
+  // 12 MiB of 8 KiB blocks fill three segments, two of them at least empty once freed (the
+  // heap keeps 1 MiB of empty pages for itself).
+  std::vector<char*> small;
+  std::set<uintptr_t> segments;
+  for (size_t i = 0; i < 12 * kMiB / (8 * kKiB); ++i) {
+    small.push_back(alloc_filled(8 * kKiB, uint8_t(i)));
+    segments.insert(chunk_of(small.back()));
+  }
+  for (char* p : small) tray_free(p);
+  const size_t mapped = tray_test::stats_now().mapped_bytes;
+  const size_t size = 2 * kMiB;
+  auto* big = static_cast<char*>(tray_malloc(size));
+  ASSERT_NE(big, nullptr);
+  const size_t resident = resident_percent(big, size);
+  const size_t mapped_after = tray_test::stats_now().mapped_bytes;
+  tray_test::fill_sequence(big, size, 7);
+  EXPECT_TRUE(tray_test::sequence_intact(big, size, 7));
+  tray_free(big);
+  // The purger gives dirty units back once they have been free for the delay.
+  if (std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(tray::kPurgeDelayMs / 2))
+    GTEST_SKIP() << "too slow to tell: the pool may have purged the units";
+  EXPECT_EQ(segments.count(chunk_of(big)), 1u) << "the block went to a chunk the small ones did not use";
+  EXPECT_EQ(mapped_after, mapped) << "a new chunk was mapped";
+  if (tray_test::kResidentBoundsHold) {
+    EXPECT_GE(resident, 90u) << "the block's pages were not resident before it was written";
+  }
+}
+
+// The other way: the big blocks of a phase die and small ones come. A segment the pool needs
+// is an empty chunk that the spans just gave up, on its resident pages.
+TEST_F(Span, APoolSegmentTakesAnEmptyChunksResidentMemory) {
+  const auto start = std::chrono::steady_clock::now();
+  const size_t third = tray::kSpanMaxBytes / 3 - 64;
+  char* big[3];
+  for (int i = 0; i < 3; ++i) big[i] = alloc_filled(third, uint8_t(i));
+  const uintptr_t chunk = chunk_of(big[0]);
+  ASSERT_EQ(chunk_of(big[2]), chunk) << "three such blocks fill one chunk";
+  for (char* p : big) tray_free(p);
+  // 32 KiB blocks until one lands in the chunk: the pool first uses the free units it has.
+  std::vector<void*> small;
+  void* landed = nullptr;
+  size_t resident = 0;
+  for (size_t i = 0; i < 64 * kMiB / (32 * kKiB) && landed == nullptr; ++i) {
+    small.push_back(tray_malloc(32 * kKiB));
+    ASSERT_NE(small.back(), nullptr);
+    if (chunk_of(small.back()) == chunk) {
+      landed = small.back();
+      resident = resident_percent(landed, 32 * kKiB);
+    }
+  }
+  for (void* p : small) tray_free(p);
+  // Spans nobody asks for go back kSpanIdleMs after the last request.
+  if (std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(tray::kSpanIdleMs / 2))
+    GTEST_SKIP() << "too slow to tell: the spans' free pages may have been purged";
+  ASSERT_NE(landed, nullptr) << "the pool mapped new segments beside the empty chunk";
+  if (tray_test::kResidentBoundsHold) {
+    EXPECT_GE(resident, 90u) << "the block's pages were not resident before it was written";
+  }
 }
 
 }  // namespace
