@@ -11,15 +11,19 @@
 // back to the OS as soon as a tiny one frees it faults it all in again a few bands later; one
 // that never gives anything back holds the big bands' bytes through the tiny ones.
 //
-// Two parts, one after the other:
+// Three parts, one after the other, so that the memory one part freed can serve the next
+// whatever the size of its blocks:
 //   small: 20,000 live blocks, bands 16..64 B, 100..900 B, 16..64 B, 1..9 KiB, 16 B..20 KiB
 //          (pooled sizes; about 1 MiB to 200 MiB in use);
 //   large: 400 live blocks, bands 16..64 B, 100 KiB..900 KiB, 16..64 B, 200 KiB..2 MiB,
-//          16..64 B (blocks of hundreds of KiB; about 0 to 440 MiB in use).
-// The RESULT line has each part's seconds beside the total (small_seconds, large_seconds).
+//          16..64 B (blocks of hundreds of KiB; about 0 to 440 MiB in use);
+//   small again: as the first.
+// The RESULT line has each part's seconds beside the total (small_seconds, large_seconds,
+// small_again_seconds).
 //
 // Check: every block is stamped on every 4 KiB page and verified before it is freed.
-// Ops: one replacement step. Default: 10 bands of 50k steps, then 10 bands of 1000 steps.
+// Ops: one replacement step. Default: 10 bands of 50k steps, 10 bands of 1000 steps, then 10
+// bands of 50k steps.
 #include <cstdlib>
 #include <span>
 #include <string>
@@ -88,9 +92,13 @@ int main(int argc, char** argv) {
   uint64_t ops = run_part(small, options, rng, checks, serial);
   const double small_seconds = stopwatch.seconds();
   ops += run_part(large, options, rng, checks, serial);
+  const double large_seconds = stopwatch.seconds() - small_seconds;
+  ops += run_part(small, options, rng, checks, serial);
   const double seconds = stopwatch.seconds();
 
   const std::string extra = " small_seconds=" + std::to_string(small_seconds) +
-                            " large_seconds=" + std::to_string(seconds - small_seconds);
+                            " large_seconds=" + std::to_string(large_seconds) +
+                            " small_again_seconds=" +
+                            std::to_string(seconds - small_seconds - large_seconds);
   return workload::report("swing", 1, ops, seconds, checks, extra);
 }

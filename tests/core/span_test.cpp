@@ -378,4 +378,56 @@ TEST_F(Span, APoolSegmentTakesAnEmptyChunksResidentMemory) {
   }
 }
 
+// Threads that switch between phases of small and big blocks at once, while a third trims:
+// chunks go from the pool to the spans and back under them. Every block keeps its bytes, and
+// a calloc'd span reads zero whether its pages were the pool's units or the chunk's own.
+TEST_F(Span, ChunksChangingSidesUnderThreadsKeepEveryBlock) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  auto work = [&](uint8_t seed) {
+    std::vector<char*> small(1024);
+    for (size_t round = 0; round < tray_test::scaled(32); ++round) {
+      for (size_t i = 0; i < small.size(); ++i) {
+        small[i] = alloc_filled(8 * kKiB, uint8_t(seed + i));
+        if (small[i] == nullptr) bad.fetch_add(1);
+      }
+      for (size_t i = 0; i < small.size(); ++i) {
+        if (!tray_test::sequence_intact(small[i], 8 * kKiB, uint8_t(seed + i))) bad.fetch_add(1);
+        tray_free(small[i]);
+      }
+      char* big[6];
+      const size_t size = 1300 * kKiB;
+      for (int k = 0; k < 6; ++k) {
+        big[k] = static_cast<char*>(tray_calloc(1, size));
+        if (big[k] == nullptr) {
+          bad.fetch_add(1);
+          continue;
+        }
+        for (size_t j = 0; j < size; j += 256)
+          if (big[k][j] != 0) {
+            bad.fetch_add(1);
+            break;
+          }
+        tray_test::fill_sequence(big[k], size, uint8_t(seed + k));
+      }
+      for (int k = 0; k < 6; ++k) {
+        if (big[k] != nullptr && !tray_test::sequence_intact(big[k], size, uint8_t(seed + k))) bad.fetch_add(1);
+        tray_free(big[k]);
+      }
+    }
+  };
+  std::thread trimmer([&] {
+    while (!stop.load()) {
+      tray_trim();
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+  });
+  std::thread a(work, 1), b(work, 100);
+  a.join();
+  b.join();
+  stop.store(true);
+  trimmer.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
 }  // namespace
