@@ -264,18 +264,22 @@ size_t dirty_limit_bytes() {
   return std::max(kDirtyFloorBytes, g_page_bytes / 100 * kDirtyPercentOfInUse);
 }
 
-// What the program's blocks hold: the bytes in pages and the live large blocks.
+// What the program's memory holds outside the pool's dirty units: the bytes in pages, and
+// the resident bytes of large blocks, live or kept for reuse (span chunks' free pages, cached
+// mappings). Counting the large blocks' live bytes instead, a block cut from pages that were
+// already resident counted as new memory, and the pool purged as much as it took: in `swing`
+// and in programs like it, units the next phase of small blocks faulted in again.
 size_t demand_bytes() {
-  return g_page_bytes + g_totals.bytes_large.load(std::memory_order_relaxed);
+  return g_page_bytes + g_totals.bytes_large_committed.load(std::memory_order_relaxed);
 }
 
 // Dirty units that neither the delay nor the limit purge: while the program keeps taking and
-// returning pages, those that would bring what its blocks hold back to its most of the last
-// kPoolHoldWindowMs. It held that much a moment ago, so keeping them adds nothing to its peak,
-// and a program whose pages swing (a phase of big blocks after one of small ones, a burst of
-// requests) takes them back without a page fault each. Large blocks count too: pages held
-// for a phase of small blocks while a phase of large ones grows would add to the peak. Once
-// the program goes quiet, or stays smaller for a window, they go as before.
+// returning pages, those that would bring its memory (demand_bytes) back to its most of the
+// last kPoolHoldWindowMs. It held that much a moment ago, so keeping them adds nothing to its
+// peak, and a program whose pages swing (a phase of big blocks after one of small ones, a
+// burst of requests) takes them back without a page fault each. Large blocks count too: pages
+// held for a phase of small blocks while a phase of large ones grows would add to the peak.
+// Once the program goes quiet, or stays smaller for a window, they go as before.
 size_t held_dirty_bytes(uint64_t now) {
   if (now - g_last_pool_call_ms >= kPoolQuietMs) return 0;
   const size_t peak = g_peak_demand.recent(now);

@@ -241,6 +241,38 @@ TEST(Rss, PagesHeldForABusyProgramGoWhenLargeBlocksTakeTheirPlace) {
   EXPECT_GE(released, kSwingBurstBytes / 2) << "pages stayed held beside the large blocks";
 }
 
+// Large blocks cut from memory that is already resident (a span chunk's free pages) add
+// nothing to what the program holds, and the pool purges none of what it holds for them.
+// Counting their live bytes instead, each such byte counted as new memory, and the pool gave
+// back as much as they took, for the next phase of small blocks to fault in again. In a child
+// without the purger, so that nothing but the allocations themselves could purge.
+TEST(Rss, SpansCutFromResidentPagesPurgeNothingThePoolHolds) {
+  if (::sysconf(_SC_PAGESIZE) != 4096) GTEST_SKIP() << "spans need 4 KiB pages";
+  ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (tray_option_set("purge_thread", "0") != 0) _exit(2);
+    // Three fill a chunk; one of each three stays, so that the pool cannot take the chunk.
+    const size_t span_bytes = tray::kSpanMaxBytes / 3 - 64;
+    std::vector<void*> spans(3 * (kSwingBurstBytes / 4 / tray::kSegmentBytes));
+    for (void*& p : spans) p = tray_malloc(span_bytes);
+    for (size_t i = 0; i < spans.size(); ++i)
+      if (i % 3 != 0) tray_free(spans[i]);  // under the spans' limit: their pages stay resident
+    small_block_burst(kSwingBurstBytes);  // the pool holds the pages, freed just now
+    const uint64_t released_before = tray_test::stats_now().released_bytes;
+    for (size_t i = 0; i < spans.size(); ++i)
+      if (i % 3 != 0) spans[i] = tray_malloc(span_bytes);
+    const uint64_t released = tray_test::stats_now().released_bytes - released_before;
+    for (void* p : spans) tray_free(p);
+    _exit(released < tray::kSegmentBytes ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the pool purged what it held while spans reused resident pages";
+}
+
 // A program that stays busy but smaller does not keep its old peak's pages past the window.
 TEST(Rss, PagesFreedWhileBusyGoBackOnceThePeakIsAWindowOld) {
   ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
