@@ -112,6 +112,7 @@ int find_run(uint64_t bits, unsigned count) {
 }
 
 std::atomic<EmptyChunkSource> g_empty_chunk_source{nullptr};
+std::atomic<size_t> g_source_empty_chunks{0};  // as the source last said
 
 // A segment over `memory` (4 MiB, aligned), every unit free; those of `resident_units` still
 // hold memory (dirty, counted into g_dirty_bytes when it joins the pool, under the lock), the
@@ -134,20 +135,23 @@ Segment* segment_start(void* memory, uint64_t resident_units) {
   return s;
 }
 
-// An empty chunk that still holds resident memory, if the source has one, before a new mapping.
+// An empty chunk that still holds resident memory, from the source; nullptr if it has none.
+Segment* segment_from_source() {
+  EmptyChunkSource source = g_empty_chunk_source.load(std::memory_order_acquire);
+  if (source == nullptr || g_source_empty_chunks.load(std::memory_order_relaxed) == 0) return nullptr;
+  uint64_t resident_units = 0;
+  void* memory = source(&resident_units);
+  if (memory == nullptr) return nullptr;
+  track_unmapped(memory, kSegmentBytes);
+  if (Segment* s = segment_start(memory, resident_units); s != nullptr) return s;
+  // The source's mapping, still counted and marked as its own.
+  chunk_map_clear(memory, kSegmentBytes);
+  os::unmap(memory, kSegmentBytes);
+  count_sub(g_totals.bytes_mapped, kSegmentBytes);
+  return nullptr;
+}
+
 Segment* segment_map_new() {
-  if (EmptyChunkSource source = g_empty_chunk_source.load(std::memory_order_acquire); source != nullptr) {
-    uint64_t resident_units = 0;
-    if (void* memory = source(&resident_units); memory != nullptr) {
-      track_unmapped(memory, kSegmentBytes);
-      if (Segment* s = segment_start(memory, resident_units); s != nullptr) return s;
-      // The source's mapping, still counted and marked as its own.
-      chunk_map_clear(memory, kSegmentBytes);
-      os::unmap(memory, kSegmentBytes);
-      count_sub(g_totals.bytes_mapped, kSegmentBytes);
-      return nullptr;
-    }
-  }
   void* memory = os::map_aligned(kSegmentBytes, kSegmentBytes);
   if (memory == nullptr) return nullptr;
   Segment* s = segment_start(memory, 0);
@@ -340,8 +344,17 @@ void finish_pool_work(PoolWork& work, uint64_t now, bool force) {
   }
 }
 
-// Dirty units first: reusing them costs no page faults.
-bool find_units(unsigned units, Segment** found, int* first) {
+// The first run of `units` free units of an empty segment, dirty ones first.
+int first_fit(const Segment* s, unsigned units) {
+  int first = find_run(s->free_units & s->dirty_units, units);
+  if (first < 0) first = find_run(s->free_units, units);
+  TRAY_CHECK(first >= 1);
+  return first;
+}
+
+// Dirty units first: reusing them costs no page faults. *clean: what was found would all
+// fault in.
+bool find_units(unsigned units, Segment** found, int* first, bool* clean) {
   for (int pass = 0; pass < 2; ++pass) {
     for (Segment* s = g_partial; s != nullptr; s = s->next) {
       const uint64_t candidates = pass == 0 ? (s->free_units & s->dirty_units) : s->free_units;
@@ -349,6 +362,7 @@ bool find_units(unsigned units, Segment** found, int* first) {
       if (start >= 0) {
         *found = s;
         *first = start;
+        *clean = pass == 1;
         return true;
       }
     }
@@ -396,37 +410,42 @@ void chunk_map_clear(const void* base, size_t bytes) {
     __atomic_store_n(&g_chunk_map[first + k], kChunkForeign, __ATOMIC_RELAXED);
 }
 
-// A new segment is mapped outside the lock; if another thread made room meanwhile, it joins
-// the cache like any empty segment.
+// Where a page's units come from, cheapest first: the pool's free dirty units; an empty chunk
+// of the source's that still holds resident memory (before units that would fault in); free
+// clean units; a cached segment; a new mapping. The source is asked and the mapping made
+// outside the lock; if another thread made room meanwhile, what they brought joins the pool
+// like any empty segment.
 Page* segment_take_page(unsigned units) {
   TRAY_ASSERT(units > 0 && units < kUnitsPerSegment);
   const uint64_t now = os::now_ms();
   PoolWork work;
   Page* page = nullptr;
-  Segment* fresh = nullptr;
+  Segment* fresh = nullptr;  // from the source or a new mapping, not in the pool yet
+  bool asked_source = false;
   for (;;) {
+    bool clean = false;
     {
       os::LockGuard guard(g_pool_lock);
       Segment* s = nullptr;
       int first = -1;
-      if (!find_units(units, &s, &first)) {
-        if (g_cache != nullptr) {
+      const bool found = find_units(units, &s, &first, &clean);
+      const bool source_first = found && clean && fresh == nullptr && !asked_source &&
+                                g_source_empty_chunks.load(std::memory_order_relaxed) != 0;
+      if (!source_first) {
+        if (fresh != nullptr && (!found || (clean && fresh->dirty_units != 0))) {
+          s = fresh;
+          fresh = nullptr;
+          pool_add_new(s);
+          first = first_fit(s, units);
+        } else if (!found && g_cache != nullptr) {
           s = g_cache;
           g_cache = s->next;
           --g_cache_count;
           list_push(g_partial, s);
-        } else if (fresh != nullptr) {
-          s = fresh;
-          fresh = nullptr;
-          pool_add_new(s);
-        }
-        if (s != nullptr) {
-          first = find_run(s->free_units & s->dirty_units, units);
-          if (first < 0) first = find_run(s->free_units, units);
-          TRAY_CHECK(first >= 1);
+          first = first_fit(s, units);
         }
       }
-      if (s != nullptr) {
+      if (s != nullptr && !source_first) {
         page = carve_page(s, first, units);
         g_peak_demand.note(demand_bytes(), now);
         g_last_pool_call_ms = now;
@@ -437,6 +456,11 @@ Page* segment_take_page(unsigned units) {
         select_purges(now, false, false, work);
         break;
       }
+    }
+    if (!asked_source) {
+      asked_source = true;
+      fresh = segment_from_source();
+      if (fresh != nullptr || clean) continue;
     }
     fresh = segment_map_new();
     if (fresh == nullptr) return nullptr;
@@ -546,8 +570,11 @@ void* segment_give_empty(uint64_t* resident_units) {
   return s;
 }
 
-void segment_set_empty_chunk_source(EmptyChunkSource source) {
-  g_empty_chunk_source.store(source, std::memory_order_release);
+void segment_offer_empty_chunks(EmptyChunkSource source, size_t count) {
+  if (g_empty_chunk_source.load(std::memory_order_relaxed) != source)
+    g_empty_chunk_source.store(source, std::memory_order_release);
+  if (g_source_empty_chunks.load(std::memory_order_relaxed) != count)
+    g_source_empty_chunks.store(count, std::memory_order_relaxed);
 }
 
 void segment_lock_for_fork() { g_pool_lock.lock(); }

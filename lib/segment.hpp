@@ -121,14 +121,16 @@ uint64_t segment_purge_expired(uint64_t now_ms);
 // empty and dirty. Takes the pool lock: never call it under the pool lock.
 void* segment_give_empty(uint64_t* resident_units);
 
-// Where the pool looks for an empty chunk that still holds resident memory before it maps a
-// new segment: span.cpp's empty chunks, which a program whose big blocks died as its small
-// ones grow would otherwise purge while the pool faulted in new units. A callback because the
-// span layer sits above this one. The source returns a 4 MiB-aligned chunk that is no longer
-// its own (or nullptr) and sets *resident_units as segment_give_empty does; it is called
-// without the pool lock, so it may take its own.
+// Where the pool looks for an empty chunk that still holds resident memory before it carves
+// units that would fault in or maps a new segment: span.cpp's empty chunks, which a program
+// whose big blocks died as its small ones grow would otherwise purge while the pool faulted in
+// new units. A callback because the span layer sits above this one. The source returns a 4
+// MiB-aligned chunk that is no longer its own (or nullptr) and sets *resident_units as
+// segment_give_empty does; it is called without the pool lock, so it may take its own. The
+// source calls this whenever the number of such chunks it holds changes; the pool asks only
+// while it is not zero.
 using EmptyChunkSource = void* (*)(uint64_t* resident_units);
-void segment_set_empty_chunk_source(EmptyChunkSource source);
+void segment_offer_empty_chunks(EmptyChunkSource source, size_t count);
 
 // The pool lock, for fork handlers.
 void segment_lock_for_fork();

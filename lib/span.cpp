@@ -73,11 +73,22 @@ size_t next_with(const uint64_t* bits, size_t from, bool value) {
   return kSpanChunkPages;
 }
 
+void* give_empty_chunk(uint64_t* resident_units);
+
+bool chunk_empty(const SpanChunk* chunk) { return chunk->free_pages == kSpanChunkPages - 1; }
+
+// The counts that readers without the lock see, and the pool's count of the empty chunks it
+// may take (give_empty_chunk).
 void publish() {
   size_t chunks = 0;
-  for (const SpanChunk* c = g_chunks; c != nullptr; c = c->next) chunks += c->dirty_pages != 0;
+  size_t empty = 0;
+  for (const SpanChunk* c = g_chunks; c != nullptr; c = c->next) {
+    chunks += c->dirty_pages != 0;
+    empty += c->dirty_pages != 0 && chunk_empty(c);
+  }
   g_dirty_chunks_seen.store(chunks, std::memory_order_relaxed);
   g_dirty_seen.store(g_dirty_bytes, std::memory_order_relaxed);
+  segment_offer_empty_chunks(&give_empty_chunk, empty);
 }
 
 void set_start(SpanChunk* chunk, size_t first, size_t count, uint16_t value) {
@@ -269,8 +280,6 @@ void give_back(SpanChunk* chunk, size_t first, size_t count) {
   purger_notify();
 }
 
-bool chunk_empty(const SpanChunk* chunk) { return chunk->free_pages == kSpanChunkPages - 1; }
-
 void unmap_chunk(SpanChunk* chunk) {
   // Its header page is all that is counted resident once the free pages are gone.
   count_sub(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
@@ -321,9 +330,10 @@ SpanChunk* start_chunk(void* memory, uint64_t resident_units) {
   return chunk;
 }
 
-// For the pool, about to map a segment: the empty chunk with the most resident pages, if any
-// has one, as a 64 KiB unit mask of what may be resident. It leaves the chunks and their
-// counts (the mapping stays counted); the pool sets the chunk map.
+// For the pool, about to carve units that would fault in or to map a segment: the empty
+// chunk with the most resident pages, if any has one, as a 64 KiB unit mask of what may be
+// resident. It leaves the chunks and their counts (the mapping stays counted); the pool sets
+// the chunk map.
 void* give_empty_chunk(uint64_t* resident_units) {
   os::LockGuard guard(g_lock);
   SpanChunk** best = nullptr;
@@ -350,11 +360,6 @@ void* give_empty_chunk(uint64_t* resident_units) {
 // in new ones, the same memory twice. The pool asks the same of the chunks in turn, once
 // there are any.
 SpanChunk* new_chunk() {
-  static bool offered = false;  // under the lock
-  if (!offered) {
-    segment_set_empty_chunk_source(&give_empty_chunk);
-    offered = true;
-  }
   uint64_t resident_units = 0;
   if (void* segment = segment_give_empty(&resident_units); segment != nullptr)
     return start_chunk(segment, resident_units);

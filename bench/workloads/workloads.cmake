@@ -15,4 +15,5 @@ set(TRAY_BENCH_WORKLOADS
   malloc_large
   soak
   swing
+  phases
 )
