@@ -112,7 +112,10 @@ int find_run(uint64_t bits, unsigned count) {
 }
 
 std::atomic<EmptyChunkSource> g_empty_chunk_source{nullptr};
-std::atomic<size_t> g_source_empty_chunks{0};  // as the source last said
+// As the source last said: how many chunks it may give for a new segment, and how many
+// before units that would fault in.
+std::atomic<size_t> g_source_empty_chunks{0};
+std::atomic<size_t> g_source_spare_chunks{0};
 
 // A segment over `memory` (4 MiB, aligned), every unit free; those of `resident_units` still
 // hold memory (dirty, counted into g_dirty_bytes when it joins the pool, under the lock), the
@@ -430,7 +433,7 @@ Page* segment_take_page(unsigned units) {
       int first = -1;
       const bool found = find_units(units, &s, &first, &clean);
       const bool source_first = found && clean && fresh == nullptr && !asked_source &&
-                                g_source_empty_chunks.load(std::memory_order_relaxed) != 0;
+                                g_source_spare_chunks.load(std::memory_order_relaxed) != 0;
       if (!source_first) {
         if (fresh != nullptr && (!found || (clean && fresh->dirty_units != 0))) {
           s = fresh;
@@ -570,11 +573,13 @@ void* segment_give_empty(uint64_t* resident_units) {
   return s;
 }
 
-void segment_offer_empty_chunks(EmptyChunkSource source, size_t count) {
+void segment_offer_empty_chunks(EmptyChunkSource source, size_t empty, size_t spare) {
   if (g_empty_chunk_source.load(std::memory_order_relaxed) != source)
     g_empty_chunk_source.store(source, std::memory_order_release);
-  if (g_source_empty_chunks.load(std::memory_order_relaxed) != count)
-    g_source_empty_chunks.store(count, std::memory_order_relaxed);
+  if (g_source_empty_chunks.load(std::memory_order_relaxed) != empty)
+    g_source_empty_chunks.store(empty, std::memory_order_relaxed);
+  if (g_source_spare_chunks.load(std::memory_order_relaxed) != spare)
+    g_source_spare_chunks.store(spare, std::memory_order_relaxed);
 }
 
 void segment_lock_for_fork() { g_pool_lock.lock(); }

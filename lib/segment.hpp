@@ -127,10 +127,11 @@ void* segment_give_empty(uint64_t* resident_units);
 // new units. A callback because the span layer sits above this one. The source returns a 4
 // MiB-aligned chunk that is no longer its own (or nullptr) and sets *resident_units as
 // segment_give_empty does; it is called without the pool lock, so it may take its own. The
-// source calls this whenever the number of such chunks it holds changes; the pool asks only
-// while it is not zero.
+// source calls this whenever what it offers changes: `empty` chunks the pool may take before
+// it maps a segment, `spare` ones (no more than `empty`) before it carves units that would
+// fault in; the pool asks only while the number is not zero.
 using EmptyChunkSource = void* (*)(uint64_t* resident_units);
-void segment_offer_empty_chunks(EmptyChunkSource source, size_t count);
+void segment_offer_empty_chunks(EmptyChunkSource source, size_t empty, size_t spare);
 
 // The pool lock, for fork handlers.
 void segment_lock_for_fork();

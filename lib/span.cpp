@@ -77,8 +77,11 @@ void* give_empty_chunk(uint64_t* resident_units);
 
 bool chunk_empty(const SpanChunk* chunk) { return chunk->free_pages == kSpanChunkPages - 1; }
 
-// The counts that readers without the lock see, and the pool's count of the empty chunks it
-// may take (give_empty_chunk).
+// The counts that readers without the lock see, and what the pool may take (give_empty_chunk):
+// the empty chunks that hold resident pages, for a segment it would map; and for units that
+// would fault in, the same only once the spans have shrunk to half their recent high or less.
+// Spans that stay busy reuse their empty chunks soon, and a pool that took one for a page would
+// leave the spans to map a new one.
 void publish() {
   size_t chunks = 0;
   size_t empty = 0;
@@ -88,7 +91,8 @@ void publish() {
   }
   g_dirty_chunks_seen.store(chunks, std::memory_order_relaxed);
   g_dirty_seen.store(g_dirty_bytes, std::memory_order_relaxed);
-  segment_offer_empty_chunks(&give_empty_chunk, empty);
+  const bool shrunk = g_live_bytes <= g_peak_live_bytes.bytes() / 2;
+  segment_offer_empty_chunks(&give_empty_chunk, empty, shrunk ? empty : 0);
 }
 
 void set_start(SpanChunk* chunk, size_t first, size_t count, uint16_t value) {
@@ -357,8 +361,7 @@ void* give_empty_chunk(uint64_t* resident_units) {
 
 // An empty segment of the pool whose units are still resident comes first: when a program's
 // small blocks die as its big ones grow, the pool would purge those units while this faulted
-// in new ones, the same memory twice. The pool asks the same of the chunks in turn, once
-// there are any.
+// in new ones, the same memory twice. The pool asks the same of the chunks (give_empty_chunk).
 SpanChunk* new_chunk() {
   uint64_t resident_units = 0;
   if (void* segment = segment_give_empty(&resident_units); segment != nullptr)
