@@ -385,6 +385,33 @@ TEST_F(Span, APoolSegmentTakesAnEmptyChunksResidentMemory) {
   }
 }
 
+// Spans that are still busy (most of their recent high live) keep an empty chunk for their
+// next blocks: the pool's next page is cut from its own clean units instead, and the spans
+// reuse the chunk without mapping one.
+TEST_F(Span, BusySpansKeepTheirEmptyChunk) {
+  void* keep = tray_malloc(64);  // a segment with clean units for the pool
+  const size_t third = tray::kSpanMaxBytes / 3 - 64;
+  char* big[9];
+  for (int i = 0; i < 9; ++i) big[i] = alloc_filled(third, uint8_t(i));
+  const uintptr_t chunk = chunk_of(big[6]);
+  ASSERT_EQ(chunk_of(big[8]), chunk) << "three such blocks fill one chunk";
+  for (int i = 6; i < 9; ++i) tray_free(big[i]);  // two thirds of the high stay live
+  std::vector<void*> small;
+  for (int i = 0; i < 16; ++i) {
+    small.push_back(tray_malloc(32 * kKiB));
+    ASSERT_NE(small.back(), nullptr);
+    EXPECT_NE(chunk_of(small.back()), chunk) << "the pool took the busy spans' empty chunk";
+  }
+  const size_t mapped = tray_test::stats_now().mapped_bytes;
+  char* again = alloc_filled(third, 9);
+  EXPECT_EQ(chunk_of(again), chunk);
+  EXPECT_EQ(tray_test::stats_now().mapped_bytes, mapped) << "the spans mapped a new chunk";
+  tray_free(again);
+  for (void* p : small) tray_free(p);
+  for (int i = 0; i < 6; ++i) tray_free(big[i]);
+  tray_free(keep);
+}
+
 // Threads that switch between phases of small and big blocks at once, while a third trims:
 // chunks go from the pool to the spans and back under them. Every block keeps its bytes, and
 // a calloc'd span reads zero whether its pages were the pool's units or the chunk's own.
