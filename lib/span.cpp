@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 #include "core/assert.hpp"
 #include "core/bits.hpp"
@@ -28,6 +29,7 @@ struct SpanChunk {
   uint32_t dirty_pages;  // free and resident
   SpanChunk* next;
   uint64_t freed_ms;  // the last free into it
+  uint32_t slot;      // its entry in g_slots
   uint64_t free_bits[kBitWords];
   uint64_t dirty_bits[kBitWords];  // a subset of free_bits
   uint16_t start[kSpanChunkPages];  // of a used page: its block's first page; 0 when free
@@ -53,13 +55,35 @@ size_t page_index(const SpanChunk* chunk, const void* p) {
   return size_t(base_of(p) - base_of(chunk)) >> kSpanPageShift;
 }
 
-bool test(const uint64_t* bits, size_t i) { return (bits[i / 64] >> (i % 64)) & 1; }
+// Calls f(word, mask) for each word of a bitmap that pages [first, first + count) touch, with
+// their bits in the mask: a block of hundreds of pages is a few words, not a loop per page.
+template <typename F>
+void for_words(size_t first, size_t count, F f) {
+  for (size_t i = first, end = first + count; i < end;) {
+    const size_t low = i % 64;
+    const size_t bits = std::min<size_t>(64 - low, end - i);
+    f(i / 64, (bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1) << low);
+    i += bits;
+  }
+}
 
 void set_range(uint64_t* bits, size_t first, size_t count, bool value) {
-  for (size_t i = first; i < first + count; ++i) {
-    const uint64_t mask = uint64_t{1} << (i % 64);
-    bits[i / 64] = value ? bits[i / 64] | mask : bits[i / 64] & ~mask;
-  }
+  for_words(first, count, [&](size_t w, uint64_t mask) { bits[w] = value ? bits[w] | mask : bits[w] & ~mask; });
+}
+
+size_t count_range(const uint64_t* bits, size_t first, size_t count) {
+  size_t n = 0;
+  for_words(first, count, [&](size_t w, uint64_t mask) { n += size_t(popcount64(bits[w] & mask)); });
+  return n;
+}
+
+// One past the last page of [first, first + count) whose bit is set; `first` if none is.
+size_t end_of_set(const uint64_t* bits, size_t first, size_t count) {
+  size_t end = first;
+  for_words(first, count, [&](size_t w, uint64_t mask) {
+    if (const uint64_t set = bits[w] & mask; set != 0) end = w * 64 + 64 - size_t(__builtin_clzll(set));
+  });
+  return end;
 }
 
 // The first page at or after `from` whose bit is `value`, or kSpanChunkPages.
@@ -83,6 +107,57 @@ bool chunk_empty(const SpanChunk* chunk) { return chunk->free_pages == kSpanChun
 size_t g_dirty_chunks = 0;
 size_t g_empty_dirty_chunks = 0;
 
+// best_fit's index: each chunk's longest free run, side by side, so that a search reads only
+// the headers of the chunks that could hold the block. Walking every header (a TLB miss each,
+// 4 MiB apart) cost 2.8 us per span allocation with 300 chunks, where a block of 512 KiB was
+// freed and another allocated in a loop. Grown by doubling into a new mapping, under the lock.
+struct ChunkSlot {
+  SpanChunk* chunk;
+  size_t longest_run;  // free pages in a row
+};
+ChunkSlot* g_slots = nullptr;
+size_t g_slot_count = 0;
+size_t g_slot_capacity = 0;
+
+size_t longest_run(const SpanChunk* chunk) {
+  size_t longest = 0;
+  for (size_t s = next_with(chunk->free_bits, 1, true); s < kSpanChunkPages;) {
+    const size_t e = next_with(chunk->free_bits, s, false);
+    longest = std::max(longest, e - s);
+    s = next_with(chunk->free_bits, e, true);
+  }
+  return longest;
+}
+
+// Room for one more slot; false if the OS refused the memory for it.
+bool reserve_slot() {
+  if (g_slot_count < g_slot_capacity) return true;
+  const size_t capacity = std::max<size_t>(256, 2 * g_slot_capacity);
+  auto* slots = static_cast<ChunkSlot*>(os::map(capacity * sizeof(ChunkSlot)));
+  if (slots == nullptr) return false;
+  if (g_slots != nullptr) {
+    std::memcpy(slots, g_slots, g_slot_count * sizeof(ChunkSlot));
+    os::unmap(g_slots, g_slot_capacity * sizeof(ChunkSlot));
+    count_sub(g_totals.bytes_metadata, g_slot_capacity * sizeof(ChunkSlot));
+  }
+  count_add(g_totals.bytes_metadata, capacity * sizeof(ChunkSlot));
+  g_slots = slots;
+  g_slot_capacity = capacity;
+  return true;
+}
+
+void add_slot(SpanChunk* chunk) {
+  TRAY_CHECK(g_slot_count < g_slot_capacity);
+  chunk->slot = uint32_t(g_slot_count);
+  g_slots[g_slot_count++] = {chunk, longest_run(chunk)};
+}
+
+void remove_slot(const SpanChunk* chunk) {
+  const ChunkSlot last = g_slots[--g_slot_count];
+  g_slots[chunk->slot] = last;
+  last.chunk->slot = chunk->slot;
+}
+
 // Adds a chunk's part to the counts (`in`), or takes it out.
 void count_chunk(const SpanChunk* chunk, bool in) {
   if (chunk->dirty_pages == 0) return;
@@ -90,11 +165,14 @@ void count_chunk(const SpanChunk* chunk, bool in) {
   if (chunk_empty(chunk)) g_empty_dirty_chunks = in ? g_empty_dirty_chunks + 1 : g_empty_dirty_chunks - 1;
 }
 
-// Brackets every change to a chunk's free or dirty pages.
+// Brackets every change to a chunk's free or dirty pages: the counts, and its longest run.
 class Recount {
  public:
   explicit Recount(const SpanChunk* chunk) : chunk_(chunk) { count_chunk(chunk_, false); }
-  ~Recount() { count_chunk(chunk_, true); }
+  ~Recount() {
+    count_chunk(chunk_, true);
+    g_slots[chunk_->slot].longest_run = longest_run(chunk_);
+  }
   Recount(const Recount&) = delete;
   Recount& operator=(const Recount&) = delete;
 
@@ -116,6 +194,10 @@ void publish() {
     empty += c->dirty_pages != 0 && chunk_empty(c);
   }
   TRAY_ASSERT(dirty == g_dirty_chunks && empty == g_empty_dirty_chunks);
+  size_t chunks = 0;
+  for (const SpanChunk* c = g_chunks; c != nullptr; c = c->next, ++chunks)
+    TRAY_ASSERT(g_slots[c->slot].chunk == c && g_slots[c->slot].longest_run == longest_run(c));
+  TRAY_ASSERT(chunks == g_slot_count);
 #endif
   g_dirty_chunks_seen.store(g_dirty_chunks, std::memory_order_relaxed);
   g_dirty_seen.store(g_dirty_bytes, std::memory_order_relaxed);
@@ -132,13 +214,8 @@ void set_start(SpanChunk* chunk, size_t first, size_t count, uint16_t value) {
 // many bytes from `first` up to the end of the last resident one (0 if none was).
 size_t take_pages(SpanChunk* chunk, size_t first, size_t count, size_t owner) {
   const Recount recount(chunk);
-  size_t dirty = 0;
-  size_t touched_end = first;
-  for (size_t i = first; i < first + count; ++i) {
-    if (!test(chunk->dirty_bits, i)) continue;
-    ++dirty;
-    touched_end = i + 1;
-  }
+  const size_t dirty = count_range(chunk->dirty_bits, first, count);
+  const size_t touched_end = end_of_set(chunk->dirty_bits, first, count);
   set_range(chunk->free_bits, first, count, false);
   set_range(chunk->dirty_bits, first, count, false);
   set_start(chunk, first, count, uint16_t(owner));
@@ -181,12 +258,6 @@ struct Claims {
   size_t count = 0;
   bool full() const { return count == kSpanPurgeClaimsPerRound; }
 };
-
-size_t count_range(const uint64_t* bits, size_t first, size_t count) {
-  size_t n = 0;
-  for (size_t i = first; i < first + count; ++i) n += test(bits, i);
-  return n;
-}
 
 // Claims the chunk's free runs that hold resident pages, each run whole: its clean pages go in
 // the same madvise (harmless on free pages), so a run freed a block at a time, with clean
@@ -318,6 +389,7 @@ void give_back(SpanChunk* chunk, size_t first, size_t count) {
 
 void unmap_chunk(SpanChunk* chunk) {
   count_chunk(chunk, false);
+  remove_slot(chunk);
   // Its header page is all that is counted resident once the free pages are gone.
   count_sub(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
   g_dirty_bytes -= chunk->dirty_pages * kSpanPageBytes;
@@ -363,6 +435,7 @@ SpanChunk* start_chunk(void* memory, uint64_t resident_units) {
   g_chunks = chunk;
   g_dirty_bytes += chunk->dirty_pages * kSpanPageBytes;
   count_chunk(chunk, true);
+  add_slot(chunk);
   count_add(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
   chunk_map_set(chunk, kSegmentBytes, true);
   return chunk;
@@ -382,6 +455,7 @@ void* give_empty_chunk(uint64_t* resident_units) {
   SpanChunk* chunk = *best;
   *best = chunk->next;
   count_chunk(chunk, false);
+  remove_slot(chunk);
   uint64_t units = 1;
   for (size_t i = next_with(chunk->dirty_bits, 1, true); i < kSpanChunkPages;) {
     units |= uint64_t{1} << (i / kPagesPerUnit);
@@ -398,6 +472,7 @@ void* give_empty_chunk(uint64_t* resident_units) {
 // small blocks die as its big ones grow, the pool would purge those units while this faulted
 // in new ones, the same memory twice. The pool asks the same of the chunks (give_empty_chunk).
 SpanChunk* new_chunk() {
+  if (!reserve_slot()) return nullptr;
   uint64_t resident_units = 0;
   if (void* segment = segment_give_empty(&resident_units); segment != nullptr)
     return start_chunk(segment, resident_units);
@@ -412,8 +487,9 @@ SpanChunk* new_chunk() {
 // blocks. False if none.
 bool best_fit(size_t count, SpanChunk** out_chunk, size_t* out_first) {
   size_t best_length = kSpanChunkPages;
-  for (SpanChunk* c = g_chunks; c != nullptr; c = c->next) {
-    if (c->free_pages < count) continue;
+  for (size_t i = 0; i < g_slot_count; ++i) {
+    if (g_slots[i].longest_run < count) continue;
+    SpanChunk* c = g_slots[i].chunk;
     for (size_t s = next_with(c->free_bits, 1, true); s < kSpanChunkPages;) {
       const size_t e = next_with(c->free_bits, s, false);
       if (e - s >= count && e - s < best_length) {

@@ -16,4 +16,5 @@ set(TRAY_BENCH_WORKLOADS
   soak
   swing
   phases
+  large_slots
 )

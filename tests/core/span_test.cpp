@@ -340,7 +340,8 @@ TEST_F(Span, ABlockTakesAnEmptySegmentsResidentMemory) {
   if (std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(tray::kPurgeDelayMs / 2))
     GTEST_SKIP() << "too slow to tell: the pool may have purged the units";
   EXPECT_EQ(segments.count(chunk_of(big)), 1u) << "the block went to a chunk the small ones did not use";
-  EXPECT_EQ(mapped_after, mapped) << "a new chunk was mapped";
+  // The spans' index may map its first page meanwhile: less than a chunk.
+  EXPECT_LT(mapped_after, mapped + tray::kSegmentBytes / 2) << "a new chunk was mapped";
   if (tray_test::kResidentBoundsHold) {
     EXPECT_GE(resident, 90u) << "the block's pages were not resident before it was written";
   }
@@ -405,7 +406,8 @@ TEST_F(Span, BusySpansKeepTheirEmptyChunk) {
   const size_t mapped = tray_test::stats_now().mapped_bytes;
   char* again = alloc_filled(third, 9);
   EXPECT_EQ(chunk_of(again), chunk);
-  EXPECT_EQ(tray_test::stats_now().mapped_bytes, mapped) << "the spans mapped a new chunk";
+  EXPECT_LT(tray_test::stats_now().mapped_bytes, mapped + tray::kSegmentBytes / 2)
+      << "the spans mapped a new chunk";
   tray_free(again);
   for (void* p : small) tray_free(p);
   for (int i = 0; i < 6; ++i) tray_free(big[i]);
