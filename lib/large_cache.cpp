@@ -93,21 +93,28 @@ void evict(LargeHeader* header, LargeHeader** out, size_t* count) {
   }
 }
 
-// Unmaps every mapping waiting for the purger, after any that another thread is unmapping;
-// how many this call unmapped. No lock held.
-size_t unmap_doomed() {
+// Empties a list of mappings (the cache or the doomed ones) under the cache lock and unmaps
+// what it held once the lock is let go; how many.
+size_t unmap_all(LargeHeader* const* list, size_t* used, size_t* bytes) {
   LargeHeader* taken[kLargeCacheCount];
-  os::LockGuard unmapping(g_doomed_unmap_lock);
   size_t count;
   {
     os::LockGuard guard(g_cache_lock);
-    count = g_doomed_used;
-    std::copy_n(g_doomed, count, taken);
-    g_doomed_used = 0;
-    g_doomed_bytes = 0;
+    count = *used;
+    std::copy_n(list, count, taken);
+    *used = 0;
+    *bytes = 0;
+    publish_cache_usage();
   }
   for (size_t i = 0; i < count; ++i) large_unmap_mapping(taken[i]);
   return count;
+}
+
+// Unmaps every mapping waiting for the purger, after any that another thread is unmapping;
+// how many this call unmapped. No lock held.
+size_t unmap_doomed() {
+  os::LockGuard unmapping(g_doomed_unmap_lock);
+  return unmap_all(g_doomed, &g_doomed_used, &g_doomed_bytes);
 }
 
 // Unmaps what eviction left to the caller, and wakes the purger for what it left to it.
@@ -315,17 +322,7 @@ LargeHeader* large_cache_take_at(const char* address, size_t bytes) {
 
 bool large_trim() {
   const size_t doomed = unmap_doomed();
-  LargeHeader* taken[kLargeCacheCount];
-  size_t count;
-  {
-    os::LockGuard guard(g_cache_lock);
-    count = g_cache_used;
-    std::copy_n(g_cache, count, taken);
-    g_cache_used = 0;
-    g_cache_bytes = 0;
-    publish_cache_usage();
-  }
-  for (size_t i = 0; i < count; ++i) large_unmap_mapping(taken[i]);
+  const size_t count = unmap_all(g_cache, &g_cache_used, &g_cache_bytes);
   const bool spans = span_trim();
   return doomed + count != 0 || spans;
 }
