@@ -39,7 +39,7 @@ inline constexpr uint64_t kPurgeDelayMs = 200;
 inline constexpr size_t kDirtyFloorBytes = size_t{64} << 20;
 inline constexpr size_t kDirtyPercentOfInUse = 25;
 // Neither purges the dirty units that would bring what the program's blocks hold (bytes in
-// pages and live large blocks) back to its most of the last window, while the program took or
+// pages and large blocks' resident bytes) back to its most of the last window, while it took or
 // returned a page within the quiet time (segment.cpp). Longer than the phases of a program
 // whose pages swing (a Python script's size bands came back every 1.6 s); a program that stays
 // smaller keeps them that long.
