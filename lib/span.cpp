@@ -2,39 +2,24 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 
 #include "core/assert.hpp"
+#include "core/bitmap.hpp"
 #include "core/bits.hpp"
 #include "core/config.hpp"
 #include "core/recent_peak.hpp"
 #include "platform/os.hpp"
 #include "purger.hpp"
 #include "segment.hpp"
+#include "span_chunk.hpp"
+#include "span_index.hpp"
 #include "stats.hpp"
 
 namespace tray {
 
 namespace {
 
-constexpr size_t kBitWords = kSpanChunkPages / 64;
 constexpr size_t kPagesPerUnit = kUnitBytes / kSpanPageBytes;  // the pool's unit, in pages
-
-// The first page of a span chunk. `magic` lies where a LargeHeader has its own. Lock held for
-// everything but `start`, which frees read without it (a block's entries change only while
-// the block is not live).
-struct SpanChunk {
-  uint32_t magic;
-  uint32_t free_pages;
-  uint32_t dirty_pages;  // free and resident
-  SpanChunk* next;
-  uint64_t freed_ms;  // the last free into it
-  uint32_t slot;      // its entry in g_slots
-  uint64_t free_bits[kBitWords];
-  uint64_t dirty_bits[kBitWords];  // a subset of free_bits
-  uint16_t start[kSpanChunkPages];  // of a used page: its block's first page; 0 when free
-};
-static_assert(sizeof(SpanChunk) <= kSpanPageBytes);
 
 os::Mutex g_lock;
 SpanChunk* g_chunks = nullptr;
@@ -55,47 +40,14 @@ size_t page_index(const SpanChunk* chunk, const void* p) {
   return size_t(base_of(p) - base_of(chunk)) >> kSpanPageShift;
 }
 
-// Calls f(word, mask) for each word of a bitmap that pages [first, first + count) touch, with
-// their bits in the mask: a block of hundreds of pages is a few words, not a loop per page.
-template <typename F>
-void for_words(size_t first, size_t count, F f) {
-  for (size_t i = first, end = first + count; i < end;) {
-    const size_t low = i % 64;
-    const size_t bits = std::min<size_t>(64 - low, end - i);
-    f(i / 64, (bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1) << low);
-    i += bits;
-  }
-}
-
-void set_range(uint64_t* bits, size_t first, size_t count, bool value) {
-  for_words(first, count, [&](size_t w, uint64_t mask) { bits[w] = value ? bits[w] | mask : bits[w] & ~mask; });
-}
-
-size_t count_range(const uint64_t* bits, size_t first, size_t count) {
-  size_t n = 0;
-  for_words(first, count, [&](size_t w, uint64_t mask) { n += size_t(popcount64(bits[w] & mask)); });
-  return n;
-}
-
-// One past the last page of [first, first + count) whose bit is set; `first` if none is.
-size_t end_of_set(const uint64_t* bits, size_t first, size_t count) {
-  size_t end = first;
-  for_words(first, count, [&](size_t w, uint64_t mask) {
-    if (const uint64_t set = bits[w] & mask; set != 0) end = w * 64 + 64 - size_t(__builtin_clzll(set));
-  });
-  return end;
-}
-
 // The first page at or after `from` whose bit is `value`, or kSpanChunkPages.
 size_t next_with(const uint64_t* bits, size_t from, bool value) {
-  while (from < kSpanChunkPages) {
-    uint64_t word = value ? bits[from / 64] : ~bits[from / 64];
-    word &= ~uint64_t{0} << (from % 64);
-    if (word != 0) return (from & ~size_t{63}) + size_t(__builtin_ctzll(word));
-    from = (from | 63) + 1;
-  }
-  return kSpanChunkPages;
+  return bitmap::next_with(bits, kSpanChunkPages, from, value);
 }
+
+using bitmap::count_range;
+using bitmap::end_of_set;
+using bitmap::set_range;
 
 void* give_empty_chunk(uint64_t* resident_units);
 
@@ -107,58 +59,6 @@ bool chunk_empty(const SpanChunk* chunk) { return chunk->free_pages == kSpanChun
 size_t g_dirty_chunks = 0;
 size_t g_empty_dirty_chunks = 0;
 
-// best_fit's index: each chunk's longest free run, side by side, so that a search reads only
-// the headers of the chunks that could hold the block. Walking every header (a TLB miss each,
-// 4 MiB apart) cost 2.7 us a step with 300 chunks, where a block of 512 KiB was freed and
-// another allocated in a loop (with the page-at-a-time bitmaps of then). Grown by doubling
-// into a new mapping, under the lock.
-struct ChunkSlot {
-  SpanChunk* chunk;
-  size_t longest_run;  // free pages in a row
-};
-ChunkSlot* g_slots = nullptr;
-size_t g_slot_count = 0;
-size_t g_slot_capacity = 0;
-
-size_t longest_run(const SpanChunk* chunk) {
-  size_t longest = 0;
-  for (size_t s = next_with(chunk->free_bits, 1, true); s < kSpanChunkPages;) {
-    const size_t e = next_with(chunk->free_bits, s, false);
-    longest = std::max(longest, e - s);
-    s = next_with(chunk->free_bits, e, true);
-  }
-  return longest;
-}
-
-// Room for one more slot; false if the OS refused the memory for it.
-bool reserve_slot() {
-  if (g_slot_count < g_slot_capacity) return true;
-  const size_t capacity = std::max<size_t>(256, 2 * g_slot_capacity);
-  auto* slots = static_cast<ChunkSlot*>(os::map(capacity * sizeof(ChunkSlot)));
-  if (slots == nullptr) return false;
-  if (g_slots != nullptr) {
-    std::memcpy(slots, g_slots, g_slot_count * sizeof(ChunkSlot));
-    os::unmap(g_slots, g_slot_capacity * sizeof(ChunkSlot));
-    count_sub(g_totals.bytes_metadata, g_slot_capacity * sizeof(ChunkSlot));
-  }
-  count_add(g_totals.bytes_metadata, capacity * sizeof(ChunkSlot));
-  g_slots = slots;
-  g_slot_capacity = capacity;
-  return true;
-}
-
-void add_slot(SpanChunk* chunk) {
-  TRAY_CHECK(g_slot_count < g_slot_capacity);
-  chunk->slot = uint32_t(g_slot_count);
-  g_slots[g_slot_count++] = {chunk, longest_run(chunk)};
-}
-
-void remove_slot(const SpanChunk* chunk) {
-  const ChunkSlot last = g_slots[--g_slot_count];
-  g_slots[chunk->slot] = last;
-  last.chunk->slot = chunk->slot;
-}
-
 // Adds a chunk's part to the counts (`in`), or takes it out.
 void count_chunk(const SpanChunk* chunk, bool in) {
   if (chunk->dirty_pages == 0) return;
@@ -166,19 +66,19 @@ void count_chunk(const SpanChunk* chunk, bool in) {
   if (chunk_empty(chunk)) g_empty_dirty_chunks = in ? g_empty_dirty_chunks + 1 : g_empty_dirty_chunks - 1;
 }
 
-// Brackets every change to a chunk's free or dirty pages: the counts, and its longest run.
+// Brackets every change to a chunk's free or dirty pages: the counts, and the index.
 class Recount {
  public:
-  explicit Recount(const SpanChunk* chunk) : chunk_(chunk) { count_chunk(chunk_, false); }
+  explicit Recount(SpanChunk* chunk) : chunk_(chunk) { count_chunk(chunk_, false); }
   ~Recount() {
     count_chunk(chunk_, true);
-    g_slots[chunk_->slot].longest_run = longest_run(chunk_);
+    span_index_update(chunk_);
   }
   Recount(const Recount&) = delete;
   Recount& operator=(const Recount&) = delete;
 
  private:
-  const SpanChunk* chunk_;
+  SpanChunk* chunk_;
 };
 
 // The counts that readers without the lock see, and what the pool may take (give_empty_chunk):
@@ -195,10 +95,7 @@ void publish() {
     empty += c->dirty_pages != 0 && chunk_empty(c);
   }
   TRAY_ASSERT(dirty == g_dirty_chunks && empty == g_empty_dirty_chunks);
-  size_t chunks = 0;
-  for (const SpanChunk* c = g_chunks; c != nullptr; c = c->next, ++chunks)
-    TRAY_ASSERT(g_slots[c->slot].chunk == c && g_slots[c->slot].longest_run == longest_run(c));
-  TRAY_ASSERT(chunks == g_slot_count);
+  span_index_check(g_chunks);
 #endif
   g_dirty_chunks_seen.store(g_dirty_chunks, std::memory_order_relaxed);
   g_dirty_seen.store(g_dirty_bytes, std::memory_order_relaxed);
@@ -390,7 +287,7 @@ void give_back(SpanChunk* chunk, size_t first, size_t count) {
 
 void unmap_chunk(SpanChunk* chunk) {
   count_chunk(chunk, false);
-  remove_slot(chunk);
+  span_index_remove(chunk);
   // Its header page is all that is counted resident once the free pages are gone.
   count_sub(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
   g_dirty_bytes -= chunk->dirty_pages * kSpanPageBytes;
@@ -436,7 +333,7 @@ SpanChunk* start_chunk(void* memory, uint64_t resident_units) {
   g_chunks = chunk;
   g_dirty_bytes += chunk->dirty_pages * kSpanPageBytes;
   count_chunk(chunk, true);
-  add_slot(chunk);
+  span_index_add(chunk);
   count_add(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
   chunk_map_set(chunk, kSegmentBytes, true);
   return chunk;
@@ -456,7 +353,7 @@ void* give_empty_chunk(uint64_t* resident_units) {
   SpanChunk* chunk = *best;
   *best = chunk->next;
   count_chunk(chunk, false);
-  remove_slot(chunk);
+  span_index_remove(chunk);
   uint64_t units = 1;
   for (size_t i = next_with(chunk->dirty_bits, 1, true); i < kSpanChunkPages;) {
     units |= uint64_t{1} << (i / kPagesPerUnit);
@@ -473,7 +370,7 @@ void* give_empty_chunk(uint64_t* resident_units) {
 // small blocks die as its big ones grow, the pool would purge those units while this faulted
 // in new ones, the same memory twice. The pool asks the same of the chunks (give_empty_chunk).
 SpanChunk* new_chunk() {
-  if (!reserve_slot()) return nullptr;
+  if (!span_index_reserve()) return nullptr;
   uint64_t resident_units = 0;
   if (void* segment = segment_give_empty(&resident_units); segment != nullptr)
     return start_chunk(segment, resident_units);
@@ -483,49 +380,33 @@ SpanChunk* new_chunk() {
   return start_chunk(memory, 0);
 }
 
-// The smallest free run of at least `count` pages over all chunks (the first of equals):
-// blocks of every size pack into the pages others freed, and big runs stay whole for big
-// blocks. False if none.
-bool best_fit(size_t count, SpanChunk** out_chunk, size_t* out_first) {
-  size_t best_length = kSpanChunkPages;
-  for (size_t i = 0; i < g_slot_count; ++i) {
-    if (g_slots[i].longest_run < count) continue;
-    SpanChunk* c = g_slots[i].chunk;
-    for (size_t s = next_with(c->free_bits, 1, true); s < kSpanChunkPages;) {
-      const size_t e = next_with(c->free_bits, s, false);
-      if (e - s >= count && e - s < best_length) {
-        best_length = e - s;
-        *out_chunk = c;
-        *out_first = s;
-        if (best_length == count) return true;
-      }
-      s = next_with(c->free_bits, e, true);
-    }
-  }
-  return best_length != kSpanChunkPages;
-}
-
 }  // namespace
 
 LargeHeader* span_alloc(size_t used_bytes) {
   TRAY_ASSERT(used_bytes <= kSpanMaxBytes && used_bytes % kSpanPageBytes == 0);
   if (os::page_size() != kSpanPageBytes) return nullptr;
-  const size_t count = used_bytes >> kSpanPageShift;
+  const size_t need = used_bytes >> kSpanPageShift;
+  size_t count = span_run_pages(need);
   os::LockGuard guard(g_lock);
   g_last_alloc_ms = os::now_ms();
   SpanChunk* chunk = nullptr;
   size_t first = 0;
-  if (!best_fit(count, &chunk, &first)) {
-    chunk = new_chunk();
-    if (chunk == nullptr) return nullptr;
-    first = 1;
+  // A free run that holds the block but not its rounded run still beats a new chunk.
+  if (!span_index_find(count, &chunk, &first)) {
+    if (count != need && span_index_find(need, &chunk, &first)) {
+      count = need;
+    } else {
+      chunk = new_chunk();
+      if (chunk == nullptr) return nullptr;
+      first = 1;
+    }
   }
   const size_t touched = take_pages(chunk, first, count, first);
   g_peak_live_bytes.note(g_live_bytes, g_last_alloc_ms);
   publish();
   auto* header = reinterpret_cast<LargeHeader*>(base_of(chunk) + first * kSpanPageBytes);
   header->magic = kSpanBlockMagic;
-  header->reserve_bytes = used_bytes;
+  header->reserve_bytes = count * kSpanPageBytes;
   // The header page is touched now, whatever the page held.
   header->dirty_bytes = std::max(touched, kSpanPageBytes);
   count_add(g_totals.bytes_large_committed, header->dirty_bytes);
@@ -556,27 +437,37 @@ bool span_grow(LargeHeader* header, size_t new_used) {
   const size_t new_end = first + (new_used >> kSpanPageShift);
   if (new_end > kSpanChunkPages) return false;
   os::LockGuard guard(g_lock);
-  if (next_with(chunk->free_bits, end, false) < new_end) return false;
+  const size_t free_end = next_with(chunk->free_bits, end, false);
+  if (free_end < new_end) return false;
+  const size_t run_end = std::min(free_end, first + span_run_pages(new_end - first));
   // The taken pages' contents are the block's to overwrite: their touched bytes need no zeroing,
-  // and the caller counts the whole grown block as touched.
-  take_pages(chunk, end, new_end - end, first);
+  // and the caller counts the whole grown block as touched; resident pages past it, in the
+  // rounded run, stay counted here.
+  if (const size_t touched = take_pages(chunk, end, run_end - end, first); touched != 0) {
+    const size_t dirty = (end - first) * kSpanPageBytes + touched;
+    if (dirty > header->dirty_bytes) {
+      count_add(g_totals.bytes_large_committed, dirty - header->dirty_bytes);
+      header->dirty_bytes = dirty;
+    }
+  }
   g_peak_live_bytes.note(g_live_bytes, os::now_ms());
   publish();
-  header->reserve_bytes = new_used;
+  header->reserve_bytes = (run_end - first) * kSpanPageBytes;
   return true;
 }
 
 void span_shrink(LargeHeader* header, size_t new_used) {
-  if (new_used >= header->reserve_bytes) return;
+  const size_t new_reserve = span_run_pages(new_used >> kSpanPageShift) * kSpanPageBytes;
+  if (new_reserve >= header->reserve_bytes) return;
   SpanChunk* chunk = chunk_of(header);
   const size_t first = page_index(chunk, header);
-  const size_t new_end = first + (new_used >> kSpanPageShift);
-  const size_t count = (header->reserve_bytes - new_used) >> kSpanPageShift;
+  const size_t new_end = first + (new_reserve >> kSpanPageShift);
+  const size_t count = (header->reserve_bytes - new_reserve) >> kSpanPageShift;
   // The pages move from the block's touched count to the chunk's.
-  const size_t dirty = std::min(header->dirty_bytes, new_used);
+  const size_t dirty = std::min(header->dirty_bytes, new_reserve);
   count_sub(g_totals.bytes_large_committed, header->dirty_bytes - dirty);
   header->dirty_bytes = dirty;
-  header->reserve_bytes = new_used;
+  header->reserve_bytes = new_reserve;
   give_back(chunk, new_end, count);
 }
 

@@ -10,9 +10,12 @@
 // the two apart by the magic. Each block still has a LargeHeader at its first page.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
+#include "core/bits.hpp"
+#include "core/config.hpp"
 #include "types.hpp"
 
 namespace tray {
@@ -20,18 +23,38 @@ namespace tray {
 inline constexpr uint32_t kSpanChunkMagic = 0x5350414E;  // "SPAN": a span chunk's header
 inline constexpr uint32_t kSpanBlockMagic = 0x5350424B;  // "SPBK": a block inside one
 
-// A run of used_bytes (whole pages, at most kSpanMaxBytes) with its LargeHeader's magic,
-// reserve_bytes (= used_bytes) and dirty_bytes (the touched prefix: reused pages) set and
-// counted; nullptr if spans are off (OS pages other than kSpanPageBytes) or the OS refuses.
+// The pages of the run a block of `pages` pages takes: past its first page, rounded up to one
+// of eight lengths per doubling (at most 1/8 more, in pages the block does not use), and to no
+// more than a chunk holds. Blocks of random sizes then free runs that the next blocks of their
+// length take whole, so blocks start where blocks started before, on pages that are resident
+// already: with exact lengths every split moved the next block's first page, the one its header
+// writes, onto a page never touched (a third of all allocations faulted, on `large_slots`).
+// The first page is left out of the rounding because it holds the block's 64-byte header: a
+// request of a power of two takes one page more than its size, and 1 MiB takes 257 pages, not
+// the 288 that rounding 257 would give.
+constexpr size_t span_run_pages(size_t pages) {
+  if (pages <= 9) return pages;
+  const size_t body = pages - 1;
+  const size_t step = size_t{1} << (floor_log2(body) - 3);
+  return std::min(align_up(body, step) + 1, kSpanChunkPages - 1);
+}
+static_assert(span_run_pages(9) == 9 && span_run_pages(34) == 37 && span_run_pages(257) == 257 &&
+              span_run_pages(258) == 289 && span_run_pages(1000) == kSpanChunkPages - 1);
+
+// A run of at least used_bytes (whole pages, at most kSpanMaxBytes), span_run_pages long when
+// a free run or a new chunk has room for that, with its LargeHeader's magic, reserve_bytes (the
+// run) and dirty_bytes (the touched prefix: reused pages) set and counted; nullptr if spans are
+// off (OS pages other than kSpanPageBytes) or the OS refuses.
 LargeHeader* span_alloc(size_t used_bytes);
 // The header of the live block that p lies in, inside the span chunk `chunk`; nullptr if p lies
 // in the chunk's header page or in free pages.
 LargeHeader* span_block_of(const void* chunk, const void* p);
 // Gives the block's pages back to its chunk (they stay dirty, see above).
 void span_free(LargeHeader* header);
-// Grows the block in place to new_used bytes if the pages after it are free; false if not.
+// Grows the block's run in place to hold new_used bytes if the pages after it are free (to
+// span_run_pages where they allow); false if not.
 bool span_grow(LargeHeader* header, size_t new_used);
-// Gives the block's pages past new_used back to its chunk.
+// Gives the block's pages past the run that new_used takes back to its chunk.
 void span_shrink(LargeHeader* header, size_t new_used);
 // Purges every free page and unmaps empty chunks; true if there was any.
 bool span_trim();

@@ -1,0 +1,82 @@
+// Bitmaps as arrays of 64-bit words, read and changed a word at a time: a run of hundreds of
+// pages is a few words, not a loop per bit. `size` is the bitmap's length in bits.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/bits.hpp"
+
+namespace tray::bitmap {
+
+// Calls f(word, mask) for each word that bits [first, first + count) touch, with their bits in
+// the mask.
+template <typename F>
+void for_words(size_t first, size_t count, F f) {
+  for (size_t i = first, end = first + count; i < end;) {
+    const size_t low = i % 64;
+    const size_t n = std::min<size_t>(64 - low, end - i);
+    f(i / 64, (n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1) << low);
+    i += n;
+  }
+}
+
+inline void set_range(uint64_t* bits, size_t first, size_t count, bool value) {
+  for_words(first, count, [&](size_t w, uint64_t mask) { bits[w] = value ? bits[w] | mask : bits[w] & ~mask; });
+}
+
+inline size_t count_range(const uint64_t* bits, size_t first, size_t count) {
+  size_t n = 0;
+  for_words(first, count, [&](size_t w, uint64_t mask) { n += size_t(popcount64(bits[w] & mask)); });
+  return n;
+}
+
+// One past the last set bit of [first, first + count); `first` if none is set.
+inline size_t end_of_set(const uint64_t* bits, size_t first, size_t count) {
+  size_t end = first;
+  for_words(first, count, [&](size_t w, uint64_t mask) {
+    if (const uint64_t set = bits[w] & mask; set != 0) end = w * 64 + 64 - size_t(__builtin_clzll(set));
+  });
+  return end;
+}
+
+// The first bit at or after `from` that equals `value`, or `size` if none does.
+inline size_t next_with(const uint64_t* bits, size_t size, size_t from, bool value) {
+  while (from < size) {
+    uint64_t word = value ? bits[from / 64] : ~bits[from / 64];
+    word &= ~uint64_t{0} << (from % 64);
+    if (word != 0) return std::min(size, (from & ~size_t{63}) + size_t(__builtin_ctzll(word)));
+    from = (from | 63) + 1;
+  }
+  return size;
+}
+
+// Calls f(first, count) for each run of set bits in order, a word at a time, until f returns
+// true; true if one did. Bits past `size` must be clear.
+template <typename F>
+bool for_each_run(const uint64_t* bits, size_t size, F f) {
+  size_t run = 0;  // set bits in a row that end where the walk is
+  for (size_t w = 0; w < (size + 63) / 64; ++w) {
+    const uint64_t word = bits[w];
+    if (word == ~uint64_t{0}) {
+      run += 64;
+      continue;
+    }
+    for (unsigned pos = 0; pos < 64;) {
+      // ~(word >> pos) has its top `pos` bits set, so it is not zero.
+      const unsigned ones = unsigned(__builtin_ctzll(~(word >> pos)));
+      run += ones;
+      pos += ones;
+      if (pos == 64) break;
+      if (run != 0 && f(w * 64 + pos - run, run)) return true;
+      run = 0;
+      const uint64_t rest = word >> pos;  // bit 0 clear
+      if (rest == 0) break;
+      pos += unsigned(__builtin_ctzll(rest));
+    }
+  }
+  return run != 0 && f(size - run, run);
+}
+
+}  // namespace tray::bitmap

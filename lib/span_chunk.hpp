@@ -1,0 +1,30 @@
+// The header of a span chunk, shared by the spans (span.cpp) and their index of free runs
+// (span_index.cpp); both change it under the spans' lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/config.hpp"
+
+namespace tray {
+
+inline constexpr size_t kSpanBitWords = kSpanChunkPages / 64;
+
+// The first page of a span chunk. `magic` lies where a LargeHeader has its own. Lock held for
+// everything but `start`, which frees read without it (a block's entries change only while
+// the block is not live).
+struct SpanChunk {
+  uint32_t magic;
+  uint32_t free_pages;
+  uint32_t dirty_pages;  // free and resident
+  SpanChunk* next;
+  uint64_t freed_ms;  // the last free into it
+  uint32_t slot;      // its entry in the index
+  uint64_t free_bits[kSpanBitWords];
+  uint64_t dirty_bits[kSpanBitWords];  // a subset of free_bits
+  uint16_t start[kSpanChunkPages];     // of a used page: its block's first page; 0 when free
+};
+static_assert(sizeof(SpanChunk) <= kSpanPageBytes);
+
+}  // namespace tray
