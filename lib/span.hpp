@@ -23,23 +23,21 @@ namespace tray {
 inline constexpr uint32_t kSpanChunkMagic = 0x5350414E;  // "SPAN": a span chunk's header
 inline constexpr uint32_t kSpanBlockMagic = 0x5350424B;  // "SPBK": a block inside one
 
-// The pages of the run a block of `pages` pages takes: past its first page, rounded up to one
-// of eight lengths per doubling (at most 1/8 more, in pages the block does not use), and to no
+// The pages of the run a block of `pages` pages takes: rounded up to a multiple of an eighth
+// of the power of two below (at most 1/8 more, in pages the block does not use), and to no
 // more than a chunk holds. Blocks of random sizes then free runs that the next blocks of their
 // length take whole, so blocks start where blocks started before, on pages that are resident
-// already: with exact lengths every split moved the next block's first page, the one its header
-// writes, onto a page never touched (a third of all allocations faulted, on `large_slots`).
-// The first page is left out of the rounding because it holds the block's 64-byte header: a
-// request of a power of two takes one page more than its size, and 1 MiB takes 257 pages, not
-// the 288 that rounding 257 would give.
+// already: with exact lengths every split moved the next block's first page, the one its
+// header writes, onto a page never touched (a third of all allocations faulted, on
+// `large_slots`). A power of two and one page is not rounded: the block's 64-byte header takes
+// that page, and rounding 1 MiB's 257 pages to 288 would leave an eighth of each unused.
 constexpr size_t span_run_pages(size_t pages) {
-  if (pages <= 9) return pages;
-  const size_t body = pages - 1;
-  const size_t step = size_t{1} << (floor_log2(body) - 3);
-  return std::min(align_up(body, step) + 1, kSpanChunkPages - 1);
+  if (pages <= 9 || is_pow2(pages - 1)) return pages;
+  const size_t step = size_t{1} << (floor_log2(pages - 1) - 3);
+  return std::min(align_up(pages, step), kSpanChunkPages - 1);
 }
-static_assert(span_run_pages(9) == 9 && span_run_pages(34) == 37 && span_run_pages(257) == 257 &&
-              span_run_pages(258) == 289 && span_run_pages(1000) == kSpanChunkPages - 1);
+static_assert(span_run_pages(9) == 9 && span_run_pages(34) == 36 && span_run_pages(257) == 257 &&
+              span_run_pages(258) == 288 && span_run_pages(1000) == kSpanChunkPages - 1);
 
 // A run of at least used_bytes (whole pages, at most kSpanMaxBytes), span_run_pages long when
 // a free run or a new chunk has room for that, with its LargeHeader's magic, reserve_bytes (the

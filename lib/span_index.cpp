@@ -14,18 +14,28 @@ namespace tray {
 
 namespace {
 
-// Free runs by length, in 64 bins: one for each length up to 9 pages, then eight to a
-// doubling, cut at span_run_pages' lengths (as it does, on the length past the first page), so
-// that every run in a bin holds a rounded run of the bin's shortest length.
+// Free runs by length, in bins cut at span_run_pages' lengths, so that every run in a bin
+// holds a block of the bin's shortest length: each doubling above 32 pages has nine, for its
+// power of two and one page and for its eight multiples of an eighth of that power. Runs of 32
+// pages or less, which hold only blocks of debug mode, share bin 0, whose runs are looked
+// through for one long enough.
+constexpr unsigned kFirstBinShift = 5;
 constexpr unsigned run_bin(size_t pages) {
-  const size_t body = pages - 1;
-  if (body < 8) return unsigned(body);
-  const unsigned e = floor_log2(body);
-  return 8 * (e - 2) + unsigned((body >> (e - 3)) & 7);
+  if (pages <= size_t{1} << kFirstBinShift) return 0;
+  const unsigned e = floor_log2(pages - 1);
+  const size_t base = size_t{1} << e;
+  return 1 + 9 * (e - kFirstBinShift) + unsigned((pages - base) / (base / 8));
 }
-constexpr size_t bin_pages(unsigned bin) { return 1 + (bin < 8 ? bin : size_t(8 + bin % 8) << (bin / 8 - 1)); }
-static_assert(run_bin(kSpanChunkPages - 1) == 63, "a chunk's runs need 64 bins at most");
-static_assert(bin_pages(run_bin(37)) == 37 && bin_pages(run_bin(40)) == 37 && bin_pages(run_bin(41)) == 41);
+constexpr size_t bin_pages(unsigned bin) {
+  if (bin == 0) return 1;
+  const size_t base = size_t{1} << (kFirstBinShift + (bin - 1) / 9);
+  const size_t k = (bin - 1) % 9;
+  return k == 0 ? base + 1 : base + k * (base / 8);
+}
+constexpr unsigned kBins = run_bin(kSpanChunkPages - 1) + 1;
+static_assert(kBins <= 64, "a chunk's bins are the bits of one word");
+static_assert(bin_pages(run_bin(33)) == 33 && bin_pages(run_bin(35)) == 33 && bin_pages(run_bin(36)) == 36 &&
+              bin_pages(run_bin(64)) == 64 && bin_pages(run_bin(65)) == 65 && bin_pages(run_bin(1023)) == 960);
 static_assert(run_bin(span_run_pages(500)) == run_bin(500) + 1 &&
               bin_pages(run_bin(span_run_pages(500))) == span_run_pages(500));
 
@@ -43,7 +53,7 @@ ChunkSlot* g_slots = nullptr;
 size_t g_slot_count = 0;
 size_t g_slot_capacity = 0;
 // Per bin, the chunks with a free run in it; and the bins where that is not zero.
-uint32_t g_bin_chunks[64] = {};
+uint32_t g_bin_chunks[kBins] = {};
 uint64_t g_bins = 0;
 
 uint64_t bins_of(const SpanChunk* chunk) {
@@ -124,7 +134,7 @@ bool span_index_find(size_t count, SpanChunk** out_chunk, size_t* out_first) {
     }
   }
   const unsigned low_bin = bin_pages(own_bin) == count ? own_bin : own_bin + 1;
-  const uint64_t bins = low_bin < 64 ? g_bins & ~uint64_t{0} << low_bin : 0;
+  const uint64_t bins = low_bin < kBins ? g_bins & ~uint64_t{0} << low_bin : 0;
   if (bins == 0) return false;
   const unsigned best_bin = unsigned(__builtin_ctzll(bins));
   size_t i = 0;

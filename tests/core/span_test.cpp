@@ -27,16 +27,19 @@ using tray_test::kKiB;
 using tray_test::kMiB;
 
 // What a span block of `size` bytes takes where a run of its rounded length is free: its
-// 64-byte header and the block, in whole pages, then the pages past the first rounded up to
-// a multiple of an eighth of their highest power of two (span_run_pages).
+// 64-byte header and the block, in whole pages, rounded up to a multiple of an eighth of the
+// power of two below, unless they are a power of two and one page (span_run_pages).
 size_t run_bytes(size_t size) {
-  const size_t body = (64 + size + 4095) / 4096 - 1;
-  size_t step = 1;
-  while (body >= 16 * step) step *= 2;
-  return ((body + step - 1) / step * step + 1) * 4096;
+  const size_t pages = (64 + size + 4095) / 4096;
+  size_t power = 1;
+  while (power * 2 <= pages - 1) power *= 2;
+  if (pages <= 9 || power == pages - 1) return pages * 4096;
+  const size_t step = power / 8;
+  return (pages + step - 1) / step * step * 4096;
 }
-// A block whose run is a third of a chunk and a bit less: three fill one, a fourth does not fit.
-constexpr size_t kThirdOfAChunk = 320 * 4096;
+// A block whose run is a third of a chunk and a bit less (320 pages, a rounded length): three
+// fill one, a fourth does not fit.
+constexpr size_t kThirdOfAChunk = 320 * 4096 - 64;
 // The size of the block that takes the rest of a fresh chunk after blocks of `taken` bytes (in
 // runs), so that the only free runs are those a test frees.
 size_t rest_of_chunk(size_t taken) { return tray::kSpanMaxBytes - taken - 64; }
@@ -60,10 +63,10 @@ size_t resident_percent(const void* p, size_t size) {
   return resident * 100 / pages;
 }
 
-// Every length a block can have: its run is never shorter, past the first page at most an
-// eighth longer, never more than a chunk holds, and a run's length is its own run; the first
-// page aside, a power of two is not rounded; and no doubling has more than eight lengths.
-TEST(SpanRunPages, EightLengthsPerDoublingPastTheHeaderPage) {
+// Every length a block can have: its run is never shorter, at most an eighth longer, never
+// more than a chunk holds, and a run's length is its own run; a power of two and one page (the
+// header's) is not rounded; and no doubling has more than nine lengths.
+TEST(SpanRunPages, NineLengthsPerDoublingAndPowersOfTwoExact) {
   for (size_t pages = 1; pages < tray::kSpanChunkPages; ++pages) {
     const size_t run = tray::span_run_pages(pages);
     ASSERT_GE(run, pages) << pages;
@@ -72,11 +75,11 @@ TEST(SpanRunPages, EightLengthsPerDoublingPastTheHeaderPage) {
     ASSERT_EQ(tray::span_run_pages(run), run) << pages;
     ASSERT_GE(run, tray::span_run_pages(pages - 1)) << pages;
   }
-  for (size_t body = 1; body + 1 < tray::kSpanChunkPages; body *= 2) {
-    EXPECT_EQ(tray::span_run_pages(body + 1), body + 1) << body;
+  for (size_t power = 1; power + 1 < tray::kSpanChunkPages; power *= 2) {
+    EXPECT_EQ(tray::span_run_pages(power + 1), power + 1) << power;
     std::set<size_t> lengths;
-    for (size_t b = body + 1; b <= 2 * body && b + 1 < tray::kSpanChunkPages; ++b) lengths.insert(tray::span_run_pages(b + 1));
-    EXPECT_LE(lengths.size(), 8u) << body;
+    for (size_t p = power + 1; p <= 2 * power && p < tray::kSpanChunkPages; ++p) lengths.insert(tray::span_run_pages(p));
+    EXPECT_LE(lengths.size(), 9u) << power;
   }
 }
 
@@ -192,7 +195,7 @@ TEST_F(Span, BlocksReplacedAtRandomReuseTheStartsOfEarlierOnes) {
     ASSERT_NE(p = allocate(), nullptr);
   }
   for (char* p : live) tray_free(p);
-  // Rounded: 3,214 starts, 16 for each live block; with exact lengths: 7,286.
+  // Rounded: 2,817 starts, 14 for each live block; with exact lengths: 7,286.
   EXPECT_LT(starts.size(), 25 * kLive) << "the blocks kept starting on new pages";
 }
 
