@@ -66,20 +66,39 @@ void count_chunk(const SpanChunk* chunk, bool in) {
   if (chunk_empty(chunk)) g_empty_dirty_chunks = in ? g_empty_dirty_chunks + 1 : g_empty_dirty_chunks - 1;
 }
 
-// Brackets every change to a chunk's free or dirty pages: the counts, and the index.
+// Brackets every change to a chunk's free or dirty pages.
 class Recount {
  public:
-  explicit Recount(SpanChunk* chunk) : chunk_(chunk) { count_chunk(chunk_, false); }
-  ~Recount() {
-    count_chunk(chunk_, true);
-    span_index_update(chunk_);
-  }
+  explicit Recount(const SpanChunk* chunk) : chunk_(chunk) { count_chunk(chunk_, false); }
+  ~Recount() { count_chunk(chunk_, true); }
   Recount(const Recount&) = delete;
   Recount& operator=(const Recount&) = delete;
 
  private:
-  SpanChunk* chunk_;
+  const SpanChunk* chunk_;
 };
+
+// Pages [first, first + count), all in one free run, leave it; what is left of the run on
+// either side stays free. The index learns of the runs that go and come.
+void mark_used(SpanChunk* chunk, size_t first, size_t count) {
+  const size_t start = bitmap::run_start(chunk->free_bits, first);
+  const size_t end = next_with(chunk->free_bits, first, false);
+  TRAY_ASSERT(end >= first + count);
+  span_index_run_removed(chunk, end - start);
+  if (first > start) span_index_run_added(chunk, first - start);
+  if (end > first + count) span_index_run_added(chunk, end - first - count);
+  set_range(chunk->free_bits, first, count, false);
+}
+
+// Pages [first, first + count), all used, become free, one run with the free runs beside them.
+void mark_free(SpanChunk* chunk, size_t first, size_t count) {
+  const size_t start = bitmap::run_start(chunk->free_bits, first);
+  const size_t end = next_with(chunk->free_bits, first + count, false);
+  if (start < first) span_index_run_removed(chunk, first - start);
+  if (end > first + count) span_index_run_removed(chunk, end - first - count);
+  span_index_run_added(chunk, end - start);
+  set_range(chunk->free_bits, first, count, true);
+}
 
 // The counts that readers without the lock see, and what the pool may take (give_empty_chunk):
 // the empty chunks that hold resident pages, for a segment it would map; and for units that
@@ -114,7 +133,7 @@ size_t take_pages(SpanChunk* chunk, size_t first, size_t count, size_t owner) {
   const Recount recount(chunk);
   const size_t dirty = count_range(chunk->dirty_bits, first, count);
   const size_t touched_end = end_of_set(chunk->dirty_bits, first, count);
-  set_range(chunk->free_bits, first, count, false);
+  mark_used(chunk, first, count);
   set_range(chunk->dirty_bits, first, count, false);
   set_start(chunk, first, count, uint16_t(owner));
   chunk->free_pages -= uint32_t(count);
@@ -129,7 +148,7 @@ size_t take_pages(SpanChunk* chunk, size_t first, size_t count, size_t owner) {
 // Gives pages [first, first + count) back to `chunk`, resident.
 void give_pages(SpanChunk* chunk, size_t first, size_t count, uint64_t now) {
   const Recount recount(chunk);
-  set_range(chunk->free_bits, first, count, true);
+  mark_free(chunk, first, count);
   set_range(chunk->dirty_bits, first, count, true);
   set_start(chunk, first, count, 0);
   chunk->free_pages += uint32_t(count);
@@ -168,7 +187,7 @@ bool claim_chunk(SpanChunk* chunk, Claims* claims) {
     if (dirty != 0) {
       if (claims->full()) return false;
       claims->runs[claims->count++] = {chunk, uint16_t(s), uint16_t(e - s), uint16_t(dirty), false};
-      set_range(chunk->free_bits, s, e - s, false);
+      mark_used(chunk, s, e - s);
       set_range(chunk->dirty_bits, s, e - s, false);
       chunk->free_pages -= uint32_t(e - s);
       chunk->dirty_pages -= uint32_t(dirty);
@@ -194,7 +213,7 @@ void finish_claims(const Claims& claims) {
     const Claim& run = claims.runs[i];
     SpanChunk* chunk = run.chunk;
     const Recount recount(chunk);
-    set_range(chunk->free_bits, run.first, run.count, true);
+    mark_free(chunk, run.first, run.count);
     chunk->free_pages += run.count;
     if (run.purged) {
       count_sub(g_totals.bytes_large_committed, run.dirty * kSpanPageBytes);
@@ -321,7 +340,8 @@ SpanChunk* start_chunk(void* memory, uint64_t resident_units) {
   *chunk = SpanChunk{};
   chunk->magic = kSpanChunkMagic;
   chunk->free_pages = kSpanChunkPages - 1;
-  set_range(chunk->free_bits, 1, kSpanChunkPages - 1, true);
+  span_index_add(chunk);
+  mark_free(chunk, 1, kSpanChunkPages - 1);
   for (uint64_t left = resident_units; left != 0; left &= left - 1) {
     const size_t first = std::max<size_t>(1, size_t(__builtin_ctzll(left)) * kPagesPerUnit);
     const size_t end = (size_t(__builtin_ctzll(left)) + 1) * kPagesPerUnit;
@@ -333,7 +353,6 @@ SpanChunk* start_chunk(void* memory, uint64_t resident_units) {
   g_chunks = chunk;
   g_dirty_bytes += chunk->dirty_pages * kSpanPageBytes;
   count_chunk(chunk, true);
-  span_index_add(chunk);
   count_add(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
   chunk_map_set(chunk, kSegmentBytes, true);
   return chunk;

@@ -21,6 +21,7 @@ struct SpanChunk {
   SpanChunk* next;
   uint64_t freed_ms;  // the last free into it
   uint32_t slot;      // its entry in the index
+  uint16_t bin_runs[64];  // its free runs in each of the index's length bins
   uint64_t free_bits[kSpanBitWords];
   uint64_t dirty_bits[kSpanBitWords];  // a subset of free_bits
   uint16_t start[kSpanChunkPages];     // of a used page: its block's first page; 0 when free

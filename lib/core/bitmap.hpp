@@ -52,6 +52,18 @@ inline size_t next_with(const uint64_t* bits, size_t size, size_t from, bool val
   return size;
 }
 
+// The first bit of the run of set bits that ends just before `end` (`end` itself if bit end - 1
+// is clear): a scan down to the highest clear bit below it.
+inline size_t run_start(const uint64_t* bits, size_t end) {
+  size_t w = end / 64;
+  uint64_t clear = end % 64 == 0 ? 0 : ~bits[w] & ((uint64_t{1} << (end % 64)) - 1);
+  while (clear == 0) {
+    if (w == 0) return 0;
+    clear = ~bits[--w];
+  }
+  return w * 64 + 64 - size_t(__builtin_clzll(clear));
+}
+
 // Calls f(first, count) for each run of set bits in order, a word at a time, until f returns
 // true; true if one did. Bits past `size` must be clear.
 template <typename F>

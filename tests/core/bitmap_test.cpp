@@ -49,11 +49,14 @@ void check(const uint64_t* bits) {
     }));
     EXPECT_EQ(last, runs[stop]);
   }
-  for (size_t from = 0; from < kBits; from += 37) {
+  for (size_t from = 0; from < kBits; from += 7) {  // 7: every offset in a word, in turn
     size_t set = from;
     while (set < kBits && !bit(bits, set)) ++set;
     size_t clear = from;
     while (clear < kBits && bit(bits, clear)) ++clear;
+    size_t start = from;
+    while (start > 0 && bit(bits, start - 1)) --start;
+    EXPECT_EQ(tray::bitmap::run_start(bits, from), start) << from;
     EXPECT_EQ(tray::bitmap::next_with(bits, kBits, from, true), set) << from;
     EXPECT_EQ(tray::bitmap::next_with(bits, kBits, from, false), clear) << from;
     const size_t count = std::min<size_t>(200, kBits - from);
