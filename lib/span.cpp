@@ -122,20 +122,22 @@ void publish() {
   segment_offer_empty_chunks(&give_empty_chunk, g_empty_dirty_chunks, shrunk ? g_empty_dirty_chunks : 0);
 }
 
+// A block's pages name its first page (0: no block). Written by the block's owner without the
+// lock, while the pages are the block's: after they are taken, before they are given back.
+// Frees read them without it too, and only a bad pointer can look at a block on its way.
 void set_start(SpanChunk* chunk, size_t first, size_t count, uint16_t value) {
   for (size_t i = first; i < first + count; ++i)
     __atomic_store_n(&chunk->start[i], value, __ATOMIC_RELAXED);
 }
 
-// Takes pages [first, first + count) of `chunk` for the block starting at page `owner`: how
-// many bytes from `first` up to the end of the last resident one (0 if none was).
-size_t take_pages(SpanChunk* chunk, size_t first, size_t count, size_t owner) {
+// Takes pages [first, first + count) of `chunk` for a block: how many bytes from `first` up
+// to the end of the last resident one (0 if none was).
+size_t take_pages(SpanChunk* chunk, size_t first, size_t count) {
   const Recount recount(chunk);
   const size_t dirty = count_range(chunk->dirty_bits, first, count);
   const size_t touched_end = end_of_set(chunk->dirty_bits, first, count);
   mark_used(chunk, first, count);
   set_range(chunk->dirty_bits, first, count, false);
-  set_start(chunk, first, count, uint16_t(owner));
   chunk->free_pages -= uint32_t(count);
   chunk->dirty_pages -= uint32_t(dirty);
   g_dirty_bytes -= dirty * kSpanPageBytes;
@@ -150,7 +152,6 @@ void give_pages(SpanChunk* chunk, size_t first, size_t count, uint64_t now) {
   const Recount recount(chunk);
   mark_free(chunk, first, count);
   set_range(chunk->dirty_bits, first, count, true);
-  set_start(chunk, first, count, 0);
   chunk->free_pages += uint32_t(count);
   chunk->dirty_pages += uint32_t(count);
   chunk->freed_ms = now;
@@ -292,10 +293,11 @@ bool purge_chunks(Due due) {
 // Pages a block no longer holds go back to their chunk, and what the dirty limit no longer
 // allows is purged once the lock is let go.
 void give_back(SpanChunk* chunk, size_t first, size_t count) {
+  set_start(chunk, first, count, 0);
   Claims claims;
+  const uint64_t now = os::now_ms();
   {
     os::LockGuard guard(g_lock);
-    const uint64_t now = os::now_ms();
     give_pages(chunk, first, count, now);
     claim_over_limit(&claims, now);
     publish();
@@ -406,23 +408,32 @@ LargeHeader* span_alloc(size_t used_bytes) {
   if (os::page_size() != kSpanPageBytes) return nullptr;
   const size_t need = used_bytes >> kSpanPageShift;
   size_t count = span_run_pages(need);
-  os::LockGuard guard(g_lock);
-  g_last_alloc_ms = os::now_ms();
   SpanChunk* chunk = nullptr;
   size_t first = 0;
-  // A free run that holds the block but not its rounded run still beats a new chunk.
-  if (!span_index_find(count, &chunk, &first)) {
-    if (count != need && span_index_find(need, &chunk, &first)) {
-      count = need;
-    } else {
-      chunk = new_chunk();
-      if (chunk == nullptr) return nullptr;
-      first = 1;
+  size_t touched = 0;
+  const uint64_t now = os::now_ms();
+  {
+    os::LockGuard guard(g_lock);
+    g_last_alloc_ms = std::max(g_last_alloc_ms, now);
+    // A free run that holds the block but not its rounded run still beats a new chunk.
+    if (!span_index_find(count, &chunk, &first)) {
+      if (count != need && span_index_find(need, &chunk, &first)) {
+        count = need;
+      } else {
+        chunk = new_chunk();
+        if (chunk == nullptr) return nullptr;
+        first = 1;
+      }
     }
+    touched = take_pages(chunk, first, count);
+    g_peak_live_bytes.note(g_live_bytes, g_last_alloc_ms);
+    publish();
   }
-  const size_t touched = take_pages(chunk, first, count, first);
-  g_peak_live_bytes.note(g_live_bytes, g_last_alloc_ms);
-  publish();
+  // The pages are the block's now, out of every list: the header's page, which faults in
+  // where no block started before, is written without the lock. Under it, a thread that wanted
+  // the lock waited out the fault and went to sleep (two threads recycling blocks of 256..512
+  // KiB took three times as long as one).
+  set_start(chunk, first, count, uint16_t(first));
   auto* header = reinterpret_cast<LargeHeader*>(base_of(chunk) + first * kSpanPageBytes);
   header->magic = kSpanBlockMagic;
   header->reserve_bytes = count * kSpanPageBytes;
@@ -462,13 +473,14 @@ bool span_grow(LargeHeader* header, size_t new_used) {
   // The taken pages' contents are the block's to overwrite: their touched bytes need no zeroing,
   // and the caller counts the whole grown block as touched; resident pages past it, in the
   // rounded run, stay counted here.
-  if (const size_t touched = take_pages(chunk, end, run_end - end, first); touched != 0) {
+  if (const size_t touched = take_pages(chunk, end, run_end - end); touched != 0) {
     const size_t dirty = (end - first) * kSpanPageBytes + touched;
     if (dirty > header->dirty_bytes) {
       count_add(g_totals.bytes_large_committed, dirty - header->dirty_bytes);
       header->dirty_bytes = dirty;
     }
   }
+  set_start(chunk, end, run_end - end, uint16_t(first));
   g_peak_live_bytes.note(g_live_bytes, os::now_ms());
   publish();
   header->reserve_bytes = (run_end - first) * kSpanPageBytes;
