@@ -33,10 +33,19 @@ void purge_tail(LargeHeader* header, size_t keep_bytes) {
 std::atomic<size_t> g_live_tail_bytes{0};
 
 // What a live block's mapping keeps touched past the block's end; none for a span block, whose
-// run ends where the block does.
+// run is at most an eighth longer than the block.
 size_t tail_of(const LargeHeader* header) {
   if (header->magic != kLargeMagic || header->dirty_bytes <= header->used_bytes) return 0;
   return header->dirty_bytes - header->used_bytes;
+}
+
+// Counts a live block's tail in (`in`) or out. Most blocks have none: the shared counter is
+// left alone then, rather than bounced between the cores of threads that allocate spans.
+void count_tail(const LargeHeader* header, bool in) {
+  if (const size_t tail = tail_of(header); tail != 0) {
+    if (in) g_live_tail_bytes.fetch_add(tail, std::memory_order_relaxed);
+    else g_live_tail_bytes.fetch_sub(tail, std::memory_order_relaxed);
+  }
 }
 
 // A block that reuses a mapping touched further keeps the touched pages past its end, for the
@@ -194,7 +203,7 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   header->alignment = alignment;
   header->user = base_of(header) + offset;
   header->requested = size;
-  g_live_tail_bytes.fetch_add(tail_of(header), std::memory_order_relaxed);
+  count_tail(header, true);
   count_add(g_totals.large_allocations, 1);
   count_add(g_totals.bytes_large, large_usable_size(header));
   count_max(g_totals.bytes_large_peak, g_totals.bytes_large.load(std::memory_order_relaxed));
@@ -221,7 +230,7 @@ void large_free(LargeHeader* header) {
   count_sub(g_totals.bytes_large, usable);
   count_add(g_totals.large_frees, 1);
   header->user = nullptr;  // a second free of the block no longer finds it
-  g_live_tail_bytes.fetch_sub(tail_of(header), std::memory_order_relaxed);
+  count_tail(header, false);
   if (header->magic == kSpanBlockMagic) span_free(header);
   else large_cache_put(header, usable);
 }
@@ -230,7 +239,7 @@ void large_retire(LargeHeader* header, void* user) {
   count_sub(g_totals.bytes_large, size_t(base_of(header) + header->used_bytes - static_cast<char*>(user)));
   count_add(g_totals.large_frees, 1);
   header->user = nullptr;
-  g_live_tail_bytes.fetch_sub(tail_of(header), std::memory_order_relaxed);
+  count_tail(header, false);
   const size_t header_bytes = os::page_size();
   os::protect_none(base_of(header) + header_bytes, header->reserve_bytes - header_bytes);
   large_set_dirty_bytes(header, header_bytes);
@@ -256,7 +265,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
   const size_t old_usable = large_usable_size(header);
   const size_t old_reserve = header->reserve_bytes;
   // Out of the total while it changes, so that trim_tail, if growing calls it, sees the others.
-  g_live_tail_bytes.fetch_sub(tail_of(header), std::memory_order_relaxed);
+  count_tail(header, false);
   if (header->magic == kSpanBlockMagic) {
     // Pages past the end go back to the chunk; growth takes the free pages after the block, or
     // the caller moves it (past kSpanMaxBytes, into a mapping of its own).
@@ -269,7 +278,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
   } else {
     LargeHeader* grown = grow_reservation(header, new_used, header->alignment);
     if (grown == nullptr) {
-      g_live_tail_bytes.fetch_add(tail_of(header), std::memory_order_relaxed);
+      count_tail(header, true);
       return nullptr;
     }
     header = grown;
@@ -278,7 +287,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
   header->used_bytes = new_used;
   large_set_dirty_bytes(header, std::max(header->dirty_bytes, new_used));
   header->requested = new_size;
-  g_live_tail_bytes.fetch_add(tail_of(header), std::memory_order_relaxed);
+  count_tail(header, true);
   count_add(g_totals.bytes_large, large_usable_size(header));
   count_sub(g_totals.bytes_large, old_usable);
   count_max(g_totals.bytes_large_peak, g_totals.bytes_large.load(std::memory_order_relaxed));

@@ -210,7 +210,7 @@ size_t distance(size_t a, size_t b) { return a > b ? a - b : b - a; }
 // dirty_bytes is what the statistics call committed: keep the total in step with it.
 void large_set_dirty_bytes(LargeHeader* header, size_t bytes) {
   if (bytes > header->dirty_bytes) count_add(g_totals.bytes_large_committed, bytes - header->dirty_bytes);
-  else count_sub(g_totals.bytes_large_committed, header->dirty_bytes - bytes);
+  else if (bytes < header->dirty_bytes) count_sub(g_totals.bytes_large_committed, header->dirty_bytes - bytes);
   header->dirty_bytes = bytes;
 }
 

@@ -1,5 +1,5 @@
 // The header of a span chunk, shared by the spans (span.cpp) and their index of free runs
-// (span_index.cpp); both change it under the spans' lock.
+// (span_index.cpp); both change it under its arena's lock.
 #pragma once
 
 #include <cstddef>
@@ -20,7 +20,8 @@ struct SpanChunk {
   uint32_t dirty_pages;  // free and resident
   SpanChunk* next;
   uint64_t freed_ms;  // the last free into it
-  uint32_t slot;      // its entry in the index
+  uint32_t slot;      // its entry in its arena's index
+  uint32_t arena;     // the arena it belongs to (span.cpp) while it is a span chunk
   uint16_t bin_runs[64];  // its free runs in each of the index's length bins
   uint64_t free_bits[kSpanBitWords];
   uint64_t dirty_bits[kSpanBitWords];  // a subset of free_bits

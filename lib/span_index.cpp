@@ -33,7 +33,7 @@ constexpr size_t bin_pages(unsigned bin) {
   return k == 0 ? base + 1 : base + k * (base / 8);
 }
 constexpr unsigned kBins = run_bin(kSpanChunkPages - 1) + 1;
-static_assert(kBins <= 64, "a chunk's bins are the bits of one word");
+static_assert(kBins <= 64, "a chunk's bins are the bits of one word, and SpanIndex counts 64");
 static_assert(bin_pages(run_bin(33)) == 33 && bin_pages(run_bin(35)) == 33 && bin_pages(run_bin(36)) == 36 &&
               bin_pages(run_bin(64)) == 64 && bin_pages(run_bin(65)) == 65 && bin_pages(run_bin(1023)) == 960);
 static_assert(run_bin(span_run_pages(500)) == run_bin(500) + 1 &&
@@ -47,21 +47,19 @@ static_assert(run_bin(span_run_pages(500)) == run_bin(500) + 1 &&
 // took 38% of `large_slots`' samples, and walking a chunk's runs after each change to learn
 // its bins, 13%: each chunk counts its runs per bin (SpanChunk::bin_runs) as they come and
 // go. Grown by doubling into a new mapping.
-struct ChunkSlot {
+}  // namespace
+
+struct SpanIndexSlot {
   SpanChunk* chunk;
   uint64_t bins;  // bit b: a free run in bin b
 };
-ChunkSlot* g_slots = nullptr;
-size_t g_slot_count = 0;
-size_t g_slot_capacity = 0;
-// Per bin, the chunks with a free run in it; and the bins where that is not zero.
-uint32_t g_bin_chunks[kBins] = {};
-uint64_t g_bins = 0;
+
+namespace {
 
 // Bin b's count of chunks with a run there moves by one, up or down.
-void count_bin(unsigned b, bool in) {
-  g_bin_chunks[b] = in ? g_bin_chunks[b] + 1 : g_bin_chunks[b] - 1;
-  g_bins = g_bin_chunks[b] != 0 ? g_bins | uint64_t{1} << b : g_bins & ~(uint64_t{1} << b);
+void count_bin(SpanIndex& index, unsigned b, bool in) {
+  index.bin_chunks[b] = in ? index.bin_chunks[b] + 1 : index.bin_chunks[b] - 1;
+  index.bins = index.bin_chunks[b] != 0 ? index.bins | uint64_t{1} << b : index.bins & ~(uint64_t{1} << b);
 }
 
 // The chunk's first free run for which `fits` holds of its length.
@@ -75,74 +73,74 @@ bool find_run(const SpanChunk* chunk, size_t* out_first, Fits fits) {
 
 }  // namespace
 
-bool span_index_reserve() {
-  if (g_slot_count < g_slot_capacity) return true;
-  const size_t capacity = std::max<size_t>(256, 2 * g_slot_capacity);
-  auto* slots = static_cast<ChunkSlot*>(os::map(capacity * sizeof(ChunkSlot)));
+bool span_index_reserve(SpanIndex& index) {
+  if (index.count < index.capacity) return true;
+  const size_t capacity = std::max<size_t>(256, 2 * index.capacity);
+  auto* slots = static_cast<SpanIndexSlot*>(os::map(capacity * sizeof(SpanIndexSlot)));
   if (slots == nullptr) return false;
-  if (g_slots != nullptr) {
-    std::memcpy(slots, g_slots, g_slot_count * sizeof(ChunkSlot));
-    os::unmap(g_slots, g_slot_capacity * sizeof(ChunkSlot));
-    count_sub(g_totals.bytes_metadata, g_slot_capacity * sizeof(ChunkSlot));
+  if (index.slots != nullptr) {
+    std::memcpy(slots, index.slots, index.count * sizeof(SpanIndexSlot));
+    os::unmap(index.slots, index.capacity * sizeof(SpanIndexSlot));
+    count_sub(g_totals.bytes_metadata, index.capacity * sizeof(SpanIndexSlot));
   }
-  count_add(g_totals.bytes_metadata, capacity * sizeof(ChunkSlot));
-  g_slots = slots;
-  g_slot_capacity = capacity;
+  count_add(g_totals.bytes_metadata, capacity * sizeof(SpanIndexSlot));
+  index.slots = slots;
+  index.capacity = capacity;
   return true;
 }
 
-void span_index_add(SpanChunk* chunk) {
-  TRAY_CHECK(g_slot_count < g_slot_capacity);
+void span_index_add(SpanIndex& index, SpanChunk* chunk) {
+  TRAY_CHECK(index.count < index.capacity);
   std::memset(chunk->bin_runs, 0, sizeof(chunk->bin_runs));
-  chunk->slot = uint32_t(g_slot_count++);
-  g_slots[chunk->slot] = {chunk, 0};
+  chunk->slot = uint32_t(index.count++);
+  index.slots[chunk->slot] = {chunk, 0};
 }
 
-void span_index_remove(const SpanChunk* chunk) {
-  for (uint64_t bins = g_slots[chunk->slot].bins; bins != 0; bins &= bins - 1)
-    count_bin(unsigned(__builtin_ctzll(bins)), false);
-  const ChunkSlot last = g_slots[--g_slot_count];
-  g_slots[chunk->slot] = last;
+void span_index_remove(SpanIndex& index, const SpanChunk* chunk) {
+  for (uint64_t bins = index.slots[chunk->slot].bins; bins != 0; bins &= bins - 1)
+    count_bin(index, unsigned(__builtin_ctzll(bins)), false);
+  const SpanIndexSlot last = index.slots[--index.count];
+  index.slots[chunk->slot] = last;
   last.chunk->slot = chunk->slot;
 }
 
-void span_index_run_added(SpanChunk* chunk, size_t pages) {
+void span_index_run_added(SpanIndex& index, SpanChunk* chunk, size_t pages) {
   const unsigned b = run_bin(pages);
   if (chunk->bin_runs[b]++ != 0) return;
-  g_slots[chunk->slot].bins |= uint64_t{1} << b;
-  count_bin(b, true);
+  index.slots[chunk->slot].bins |= uint64_t{1} << b;
+  count_bin(index, b, true);
 }
 
-void span_index_run_removed(SpanChunk* chunk, size_t pages) {
+void span_index_run_removed(SpanIndex& index, SpanChunk* chunk, size_t pages) {
   const unsigned b = run_bin(pages);
   TRAY_ASSERT(chunk->bin_runs[b] != 0);
   if (--chunk->bin_runs[b] != 0) return;
-  g_slots[chunk->slot].bins &= ~(uint64_t{1} << b);
-  count_bin(b, false);
+  index.slots[chunk->slot].bins &= ~(uint64_t{1} << b);
+  count_bin(index, b, false);
 }
 
-bool span_index_find(size_t count, SpanChunk** out_chunk, size_t* out_first) {
+bool span_index_find(const SpanIndex& index, size_t count, SpanChunk** out_chunk, size_t* out_first) {
   const unsigned own_bin = run_bin(count);
   if (bin_pages(own_bin) != count) {
-    for (size_t i = 0; i < g_slot_count; ++i) {
-      if ((g_slots[i].bins >> own_bin & 1) == 0) continue;
-      if (find_run(g_slots[i].chunk, out_first, [&](size_t length) { return length >= count && run_bin(length) == own_bin; })) {
-        *out_chunk = g_slots[i].chunk;
+    for (size_t i = 0; i < index.count; ++i) {
+      if ((index.slots[i].bins >> own_bin & 1) == 0) continue;
+      if (find_run(index.slots[i].chunk, out_first, [&](size_t length) { return length >= count && run_bin(length) == own_bin; })) {
+        *out_chunk = index.slots[i].chunk;
         return true;
       }
     }
   }
   const unsigned low_bin = bin_pages(own_bin) == count ? own_bin : own_bin + 1;
-  const uint64_t bins = low_bin < kBins ? g_bins & ~uint64_t{0} << low_bin : 0;
+  const uint64_t bins = low_bin < kBins ? index.bins & ~uint64_t{0} << low_bin : 0;
   if (bins == 0) return false;
   const unsigned best_bin = unsigned(__builtin_ctzll(bins));
   size_t i = 0;
-  while ((g_slots[i].bins >> best_bin & 1) == 0) ++i;
-  *out_chunk = g_slots[i].chunk;
+  while ((index.slots[i].bins >> best_bin & 1) == 0) ++i;
+  *out_chunk = index.slots[i].chunk;
   return find_run(*out_chunk, out_first, [&](size_t length) { return run_bin(length) == best_bin; });
 }
 
-void span_index_check([[maybe_unused]] SpanChunk* chunks) {
+void span_index_check([[maybe_unused]] const SpanIndex& index, [[maybe_unused]] SpanChunk* chunks) {
 #ifndef NDEBUG
   size_t count = 0;
   for (const SpanChunk* c = chunks; c != nullptr; c = c->next, ++count) {
@@ -156,12 +154,12 @@ void span_index_check([[maybe_unused]] SpanChunk* chunks) {
       TRAY_ASSERT(runs[b] == c->bin_runs[b]);
       bins |= uint64_t{runs[b] != 0} << b;
     }
-    TRAY_ASSERT(g_slots[c->slot].chunk == c && g_slots[c->slot].bins == bins);
+    TRAY_ASSERT(index.slots[c->slot].chunk == c && index.slots[c->slot].bins == bins);
   }
-  TRAY_ASSERT(count == g_slot_count);
+  TRAY_ASSERT(count == index.count);
   uint64_t bins = 0;
-  for (size_t i = 0; i < g_slot_count; ++i) bins |= g_slots[i].bins;
-  TRAY_ASSERT(bins == g_bins);
+  for (size_t i = 0; i < index.count; ++i) bins |= index.slots[i].bins;
+  TRAY_ASSERT(bins == index.bins);
 #endif
 }
 

@@ -136,14 +136,20 @@ inline constexpr uint64_t kSpanPurgeDelayMs = kPurgeDelayMs;
 // ...and at most the larger of a floor and a share of the bytes of live span blocks, plus what
 // was freed since the most live span bytes of the last purge delay; past it the chunks freed
 // into longest ago are purged at once.
+// The floor is shared by the arenas in use (below).
 inline constexpr size_t kSpanDirtyFloorBytes = size_t{16} << 20;
 inline constexpr size_t kSpanDirtyLivePercent = 50;
+// Span chunks are kept in up to this many arenas, each with its own lock, chunks and index; a
+// thread moves to another arena when it finds its own locked (span.cpp), and a block goes back
+// to its chunk's arena. With one lock for all, two threads that recycled blocks of hundreds
+// of KiB took twice as long as one.
+inline constexpr size_t kSpanArenaCount = 4;
 // ...while a span was asked for within this long; after it, none are kept. Shorter than the
 // large cache's kLargeCacheIdleMs: programs that replace spans ask for one every fraction of a
 // millisecond (mstress), while the soak's small phases started with up to 16 MiB kept for the
 // mixed phase's spans, dying one by one, for 150 ms.
 inline constexpr uint64_t kSpanIdleMs = 50;
-// Free runs of span chunks that one holder of the span lock claims for purging: madvise runs
+// Free runs of span chunks that one holder of an arena's lock claims for purging: madvise runs
 // after it lets go (as kPoolPurgeClaimsPerRound for the pool).
 inline constexpr size_t kSpanPurgeClaimsPerRound = 16;
 

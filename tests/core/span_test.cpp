@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -341,6 +342,73 @@ TEST_F(Span, PurgesBesideAllocatingThreadsLeaveBlocksIntact) {
   b.join();
   stop.store(true);
   trimmer.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+// Threads that allocate spans at once move to arenas of their own when they find one locked,
+// and hand half their blocks to the next thread, which frees them into the arena of the thread
+// that allocated them, grows or shrinks some first: every byte stays, and calloc reads zero.
+// A ThreadSanitizer test of the arenas' locking as much as a check of the bytes.
+TEST_F(Span, ThreadsSpreadOverArenasAndFreeIntoEachOthers) {
+  constexpr int kThreads = 4;
+  struct Handed {
+    char* p;
+    size_t size;
+    uint8_t seed;
+  };
+  std::mutex lock;
+  std::vector<Handed> inbox[kThreads];
+  std::atomic<int> bad{0};
+  auto work = [&](int self) {
+    uint32_t seed = uint32_t(self) + 1;
+    for (int i = 0; i < 400; ++i) {
+      seed = seed * 1103515245 + 12345;
+      const size_t size = 128 * kKiB + (seed >> 8) % (1500 * kKiB);
+      const auto fill = uint8_t(seed >> 3);
+      char* p = i % 5 == 0 ? static_cast<char*>(tray_calloc(1, size)) : alloc_filled(size, fill);
+      if (p == nullptr) {
+        bad.fetch_add(1);
+        continue;
+      }
+      if (i % 5 == 0) {
+        for (size_t j = 0; j < size; j += 4096) bad.fetch_add(p[j] != 0);
+        tray_test::fill_sequence(p, size, fill);
+      }
+      if (i % 2 == 0) {
+        const std::lock_guard<std::mutex> guard(lock);
+        inbox[(self + 1) % kThreads].push_back({p, size, fill});
+      } else if (!tray_test::sequence_intact(p, size, fill)) {
+        bad.fetch_add(1);
+        tray_free(p);
+      } else {
+        tray_free(p);
+      }
+      std::vector<Handed> mine;
+      {
+        const std::lock_guard<std::mutex> guard(lock);
+        mine.swap(inbox[self]);
+      }
+      for (Handed& h : mine) {
+        if (!tray_test::sequence_intact(h.p, h.size, h.seed)) bad.fetch_add(1);
+        // Some grow or shrink in the arena of the thread that allocated them.
+        const size_t resized = h.size % 3 == 0 ? h.size + 200 * kKiB : h.size * 3 / 4;
+        if (h.size % 3 != 2) {
+          char* q = static_cast<char*>(tray_realloc(h.p, resized));
+          if (q == nullptr || !tray_test::sequence_intact(q, std::min(h.size, resized), h.seed)) bad.fetch_add(1);
+          h.p = q;
+        }
+        tray_free(h.p);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(work, t);
+  for (std::thread& t : threads) t.join();
+  for (auto& box : inbox)
+    for (const Handed& h : box) {
+      if (!tray_test::sequence_intact(h.p, h.size, h.seed)) bad.fetch_add(1);
+      tray_free(h.p);
+    }
   EXPECT_EQ(bad.load(), 0);
 }
 
