@@ -17,4 +17,5 @@ set(TRAY_BENCH_WORKLOADS
   swing
   phases
   large_slots
+  large_threads
 )
