@@ -3,7 +3,9 @@
 // stays resident and serves the next block of any size that fits in it, so blocks that come
 // and go are not faulted in again, and a 300 KiB block does not hold a 4 MiB chunk. Free pages
 // stay dirty for kSpanPurgeDelayMs after the last free into their chunk, and at most the
-// larger of kSpanDirtyFloorBytes and a share of the live span bytes.
+// larger of kSpanDirtyFloorBytes and a share of the live span bytes. The chunks are kept in
+// arenas (kSpanArenaCount), each with its own lock: threads that allocate spans at once move
+// apart, and a block goes back to its chunk's arena.
 //
 // A span chunk starts with its SpanChunk header page, where a large mapping has its
 // LargeHeader: the chunk map marks it as a one-chunk large mapping, and large_mapping_of tells
