@@ -7,49 +7,25 @@
 #include "core/bitmap.hpp"
 #include "core/bits.hpp"
 #include "core/config.hpp"
-#include "core/recent_peak.hpp"
 #include "platform/os.hpp"
 #include "purger.hpp"
 #include "segment.hpp"
+#include "span_arena.hpp"
 #include "span_chunk.hpp"
 #include "span_index.hpp"
 #include "stats.hpp"
 
 namespace tray {
 
+constinit SpanArena g_span_arenas[kSpanArenaCount];
+
 namespace {
 
 constexpr size_t kPagesPerUnit = kUnitBytes / kSpanPageBytes;  // the pool's unit, in pages
 
-// An arena: chunks, their index and their counts, under a lock of its own.
-struct Arena {
-  os::Mutex lock;
-  SpanChunk* chunks = nullptr;
-  size_t dirty_bytes = 0;
-  uint64_t last_alloc_ms = 0;  // the last span_alloc: dirty pages are kept only while they come
-  size_t live_bytes = 0;
-  RecentPeak<kSpanPurgeDelayMs> peak_live_bytes;  // of live_bytes, lately
-  // The chunks that hold free resident pages, and of those the ones that hold no block, kept
-  // up to date as chunks change: counting them with a walk over every chunk (a TLB miss each,
-  // their headers 4 MiB apart) on every span allocation and free took 2.5% of `swing`'s
-  // samples.
-  size_t dirty_chunks = 0;
-  size_t empty_dirty_chunks = 0;
-  SpanIndex index;
-  // What readers without the lock see (publish).
-  std::atomic<size_t> dirty_seen{0};
-  std::atomic<size_t> dirty_chunks_seen{0};
-  std::atomic<size_t> offered_empty{0};
-  std::atomic<size_t> offered_spare{0};
-};
-constinit Arena g_arenas[kSpanArenaCount];
 // One more than the highest arena a thread moved to.
 std::atomic<size_t> g_arenas_in_use{1};
 __thread uint32_t tls_arena = 0;  // the arena the thread allocated from last
-
-Arena& arena_of(const SpanChunk* chunk) { return g_arenas[chunk->arena]; }
-
-size_t arenas_in_use() { return g_arenas_in_use.load(std::memory_order_relaxed); }
 
 // The calling thread's arena, locked: the one it allocated from last, unless another thread
 // holds its lock, and then the first after it whose lock is free, which it keeps from then on.
@@ -57,17 +33,17 @@ size_t arenas_in_use() { return g_arenas_in_use.load(std::memory_order_relaxed);
 // allocate spans at once keeps them in one arena, where each free run serves any thread (a
 // thread given an arena of its own at its start spread mstress's short-lived threads over four
 // arenas: 55 -> 87 MiB peak RSS).
-Arena& lock_thread_arena() {
-  Arena& own = g_arenas[tls_arena];
+SpanArena& lock_thread_arena() {
+  SpanArena& own = g_span_arenas[tls_arena];
   if (TRAY_LIKELY(own.lock.try_lock())) return own;
   for (uint32_t step = 1; step < kSpanArenaCount; ++step) {
     const uint32_t next = uint32_t((tls_arena + step) % kSpanArenaCount);
-    if (g_arenas[next].lock.try_lock()) {
+    if (g_span_arenas[next].lock.try_lock()) {
       tls_arena = next;
       size_t in_use = g_arenas_in_use.load(std::memory_order_relaxed);
       while (in_use <= next && !g_arenas_in_use.compare_exchange_weak(in_use, next + 1, std::memory_order_relaxed)) {
       }
-      return g_arenas[next];
+      return g_span_arenas[next];
     }
   }
   own.lock.lock();
@@ -84,64 +60,45 @@ size_t page_index(const SpanChunk* chunk, const void* p) {
   return size_t(base_of(p) - base_of(chunk)) >> kSpanPageShift;
 }
 
-// The first page at or after `from` whose bit is `value`, or kSpanChunkPages.
-size_t next_with(const uint64_t* bits, size_t from, bool value) {
-  return bitmap::next_with(bits, kSpanChunkPages, from, value);
-}
-
 using bitmap::count_range;
 using bitmap::end_of_set;
 using bitmap::set_range;
 
 void* give_empty_chunk(uint64_t* resident_units);
 
-bool chunk_empty(const SpanChunk* chunk) { return chunk->free_pages == kSpanChunkPages - 1; }
+}  // namespace
 
-// Adds a chunk's part to its arena's counts (`in`), or takes it out.
-void count_chunk(const SpanChunk* chunk, bool in) {
+size_t span_arenas_in_use() { return g_arenas_in_use.load(std::memory_order_relaxed); }
+
+void span_count_chunk(const SpanChunk* chunk, bool in) {
   if (chunk->dirty_pages == 0) return;
-  Arena& a = arena_of(chunk);
+  SpanArena& a = span_arena_of(chunk);
   a.dirty_chunks = in ? a.dirty_chunks + 1 : a.dirty_chunks - 1;
-  if (chunk_empty(chunk)) a.empty_dirty_chunks = in ? a.empty_dirty_chunks + 1 : a.empty_dirty_chunks - 1;
+  if (span_chunk_empty(chunk)) a.empty_dirty_chunks = in ? a.empty_dirty_chunks + 1 : a.empty_dirty_chunks - 1;
 }
 
-// Brackets every change to a chunk's free or dirty pages.
-class Recount {
- public:
-  explicit Recount(const SpanChunk* chunk) : chunk_(chunk) { count_chunk(chunk_, false); }
-  ~Recount() { count_chunk(chunk_, true); }
-  Recount(const Recount&) = delete;
-  Recount& operator=(const Recount&) = delete;
-
- private:
-  const SpanChunk* chunk_;
-};
-
-// Pages [first, first + count), all in one free run, leave it; what is left of the run on
-// either side stays free. The index learns of the runs that go and come.
-void mark_used(SpanChunk* chunk, size_t first, size_t count) {
+void span_mark_used(SpanChunk* chunk, size_t first, size_t count) {
   const size_t start = bitmap::run_start(chunk->free_bits, first);
-  const size_t end = next_with(chunk->free_bits, first, false);
+  const size_t end = span_next_with(chunk->free_bits, first, false);
   TRAY_ASSERT(end >= first + count);
-  SpanIndex& index = arena_of(chunk).index;
+  SpanIndex& index = span_arena_of(chunk).index;
   span_index_run_removed(index, chunk, end - start);
   if (first > start) span_index_run_added(index, chunk, first - start);
   if (end > first + count) span_index_run_added(index, chunk, end - first - count);
   set_range(chunk->free_bits, first, count, false);
 }
 
-// Pages [first, first + count), all used, become free, one run with the free runs beside them.
-void mark_free(SpanChunk* chunk, size_t first, size_t count) {
+void span_mark_free(SpanChunk* chunk, size_t first, size_t count) {
   const size_t start = bitmap::run_start(chunk->free_bits, first);
-  const size_t end = next_with(chunk->free_bits, first + count, false);
-  SpanIndex& index = arena_of(chunk).index;
+  const size_t end = span_next_with(chunk->free_bits, first + count, false);
+  SpanIndex& index = span_arena_of(chunk).index;
   if (start < first) span_index_run_removed(index, chunk, first - start);
   if (end > first + count) span_index_run_removed(index, chunk, end - first - count);
   span_index_run_added(index, chunk, end - start);
   set_range(chunk->free_bits, first, count, true);
 }
 
-// The counts that readers without the lock see, and what the pool may take (give_empty_chunk):
+// What the pool may take (give_empty_chunk):
 // the empty chunks that hold resident pages, for a segment it would map; and for units that
 // would fault in, the same only from arenas whose live bytes shrank to half their recent high
 // or less. Spans that stay busy reuse their empty chunks soon, and a pool that took one for a
@@ -149,13 +106,13 @@ void mark_free(SpanChunk* chunk, size_t first, size_t count) {
 // arena whose offer changed stores it, then adds up all (sequentially consistent, so that of
 // two arenas publishing at once, the later sum sees both). Only then: reading the other
 // arenas' lines on every allocation made them bounce between the threads' cores.
-void publish(Arena& a) {
+void span_publish(SpanArena& a) {
 #ifndef NDEBUG
   size_t dirty = 0;
   size_t empty = 0;
   for (const SpanChunk* c = a.chunks; c != nullptr; c = c->next) {
     dirty += c->dirty_pages != 0;
-    empty += c->dirty_pages != 0 && chunk_empty(c);
+    empty += c->dirty_pages != 0 && span_chunk_empty(c);
   }
   TRAY_ASSERT(dirty == a.dirty_chunks && empty == a.empty_dirty_chunks);
   span_index_check(a.index, a.chunks);
@@ -171,12 +128,14 @@ void publish(Arena& a) {
   a.offered_spare.store(spare);
   size_t empty_chunks = 0;
   size_t spare_chunks = 0;
-  for (const Arena& other : g_arenas) {
+  for (const SpanArena& other : g_span_arenas) {
     empty_chunks += other.offered_empty.load();
     spare_chunks += other.offered_spare.load();
   }
   segment_offer_empty_chunks(&give_empty_chunk, empty_chunks, spare_chunks);
 }
+
+namespace {
 
 // A block's pages name its first page (0: no block). Written by the block's owner without the
 // lock, while the pages are the block's: after they are taken, before they are given back.
@@ -197,14 +156,14 @@ void count_committed(size_t added, size_t removed) {
 // to the end of the last resident one (0 if none was). The resident ones, *dirty_bytes, leave
 // the chunk's count for the block's, which the caller counts.
 size_t take_pages(SpanChunk* chunk, size_t first, size_t count, size_t* dirty_bytes) {
-  const Recount recount(chunk);
+  const SpanRecount recount(chunk);
   const size_t dirty = count_range(chunk->dirty_bits, first, count);
   const size_t touched_end = end_of_set(chunk->dirty_bits, first, count);
-  mark_used(chunk, first, count);
+  span_mark_used(chunk, first, count);
   set_range(chunk->dirty_bits, first, count, false);
   chunk->free_pages -= uint32_t(count);
   chunk->dirty_pages -= uint32_t(dirty);
-  Arena& a = arena_of(chunk);
+  SpanArena& a = span_arena_of(chunk);
   a.dirty_bytes -= dirty * kSpanPageBytes;
   a.live_bytes += count * kSpanPageBytes;
   *dirty_bytes = dirty * kSpanPageBytes;
@@ -213,148 +172,15 @@ size_t take_pages(SpanChunk* chunk, size_t first, size_t count, size_t* dirty_by
 
 // Gives pages [first, first + count) back to `chunk`, resident (the caller counts them).
 void give_pages(SpanChunk* chunk, size_t first, size_t count, uint64_t now) {
-  const Recount recount(chunk);
-  mark_free(chunk, first, count);
+  const SpanRecount recount(chunk);
+  span_mark_free(chunk, first, count);
   set_range(chunk->dirty_bits, first, count, true);
   chunk->free_pages += uint32_t(count);
   chunk->dirty_pages += uint32_t(count);
   chunk->freed_ms = now;
-  Arena& a = arena_of(chunk);
+  SpanArena& a = span_arena_of(chunk);
   a.dirty_bytes += count * kSpanPageBytes;
   a.live_bytes -= count * kSpanPageBytes;
-}
-
-// A free run that holds resident pages, taken out of its chunk for purging: its pages are
-// neither free nor dirty while madvise runs without the lock, so no block takes them, no
-// other purge picks them again and the chunk is not unmapped under it.
-struct Claim {
-  SpanChunk* chunk;
-  uint16_t first;
-  uint16_t count;
-  uint16_t dirty;  // of the run's pages, the resident ones
-  bool purged;
-};
-
-struct Claims {
-  Claim runs[kSpanPurgeClaimsPerRound];
-  size_t count = 0;
-  bool full() const { return count == kSpanPurgeClaimsPerRound; }
-};
-
-// Claims the chunk's free runs that hold resident pages, each run whole: its clean pages go in
-// the same madvise (harmless on free pages), so a run freed a block at a time, with clean
-// gaps, is one call, not one per dirty stretch. False if the claims filled up first.
-bool claim_chunk(SpanChunk* chunk, Claims* claims) {
-  const Recount recount(chunk);
-  for (size_t s = next_with(chunk->free_bits, 1, true); s < kSpanChunkPages;) {
-    const size_t e = next_with(chunk->free_bits, s, false);
-    const size_t dirty = count_range(chunk->dirty_bits, s, e - s);
-    if (dirty != 0) {
-      if (claims->full()) return false;
-      claims->runs[claims->count++] = {chunk, uint16_t(s), uint16_t(e - s), uint16_t(dirty), false};
-      mark_used(chunk, s, e - s);
-      set_range(chunk->dirty_bits, s, e - s, false);
-      chunk->free_pages -= uint32_t(e - s);
-      chunk->dirty_pages -= uint32_t(dirty);
-      arena_of(chunk).dirty_bytes -= dirty * kSpanPageBytes;
-    }
-    s = next_with(chunk->free_bits, e, true);
-  }
-  return true;
-}
-
-// Without the lock.
-void purge_claims(Claims* claims) {
-  for (size_t i = 0; i < claims->count; ++i) {
-    Claim& run = claims->runs[i];
-    run.purged = os::purge(base_of(run.chunk) + run.first * kSpanPageBytes, run.count * kSpanPageBytes);
-  }
-}
-
-// Puts the claimed runs back as free. Runs the kernel refused stay counted as resident, every
-// page of them: a later calloc must not take one for zero.
-void finish_claims(const Claims& claims) {
-  for (size_t i = 0; i < claims.count; ++i) {
-    const Claim& run = claims.runs[i];
-    SpanChunk* chunk = run.chunk;
-    const Recount recount(chunk);
-    mark_free(chunk, run.first, run.count);
-    chunk->free_pages += run.count;
-    if (run.purged) {
-      count_sub(g_totals.bytes_large_committed, run.dirty * kSpanPageBytes);
-      count_add(g_totals.bytes_purged, run.dirty * kSpanPageBytes);
-    } else {
-      set_range(chunk->dirty_bits, run.first, run.count, true);
-      chunk->dirty_pages += run.count;
-      arena_of(chunk).dirty_bytes += run.count * kSpanPageBytes;
-      count_add(g_totals.bytes_large_committed, (run.count - run.dirty) * kSpanPageBytes);
-    }
-  }
-}
-
-// The floor and the live share keep freed runs warm for a program that still asks for spans.
-// One that has stopped (its big blocks went out of use with a phase of its work, and die one
-// by one while it allocates small ones) would keep every run freed in the last delay for
-// nobody: up to the floor, 16 MiB, through the soak's small phases.
-// Beyond both, what was live at the recent peak and has been freed since: a program that frees
-// its spans together, at the end of a round, finds them warm in the next one, and keeping them
-// makes nothing resident that was not a moment before. (large_realloc frees all its spans at
-// the end of each round: past the floor they were purged and faulted in again.) A
-// program that replaces spans one by one keeps its live bytes near the peak: nothing more.
-// The live share is of that peak too: of the live bytes of the moment, it shrank as they were
-// freed, and what the peak's share had let stay went, a chunk at a time (bench's `swing`,
-// its part of blocks of hundreds of KiB: a fifth more page faults).
-// The floor is shared by the arenas in use: a program of one thread keeps all of it.
-size_t dirty_limit_bytes(const Arena& a, uint64_t now_ms) {
-  if (now_ms >= a.last_alloc_ms + kSpanIdleMs) return 0;
-  const size_t peak = std::max(a.peak_live_bytes.recent(now_ms), a.live_bytes);
-  return std::max(kSpanDirtyFloorBytes / arenas_in_use(), peak / 100 * kSpanDirtyLivePercent) + (peak - a.live_bytes);
-}
-
-// Claims the arena's chunks freed into longest ago until its resident free pages are within
-// the limit.
-void claim_over_limit(Arena& a, Claims* claims, uint64_t now_ms) {
-  const size_t limit = dirty_limit_bytes(a, now_ms);
-  while (a.dirty_bytes > limit && !claims->full()) {
-    SpanChunk* oldest = nullptr;
-    for (SpanChunk* c = a.chunks; c != nullptr; c = c->next)
-      if (c->dirty_pages != 0 && (oldest == nullptr || c->freed_ms < oldest->freed_ms)) oldest = c;
-    if (oldest == nullptr) return;
-    claim_chunk(oldest, claims);
-  }
-}
-
-// The claims' madvise, without the lock, and their return under it (the claims are of one
-// arena's chunks).
-void purge_and_finish(Arena& a, Claims* claims) {
-  if (claims->count == 0) return;
-  purge_claims(claims);
-  os::LockGuard guard(a.lock);
-  finish_claims(*claims);
-  publish(a);
-}
-
-// Purges the free runs of every chunk that `due` picks, a round of claims at a time, until a
-// round is not full or the kernel refused all of it (those runs would be claimed again); true
-// if any went back.
-template <typename Due>
-bool purge_chunks(Arena& a, Due due) {
-  bool any = false;
-  for (bool more = true; more;) {
-    Claims claims;
-    {
-      os::LockGuard guard(a.lock);
-      for (SpanChunk* c = a.chunks; c != nullptr && !claims.full(); c = c->next)
-        if (c->dirty_pages != 0 && due(c)) claim_chunk(c, &claims);
-      more = claims.full();
-    }
-    purge_and_finish(a, &claims);
-    bool round_purged = false;
-    for (size_t i = 0; i < claims.count; ++i) round_purged |= claims.runs[i].purged;
-    any |= round_purged;
-    more = more && round_purged;
-  }
-  return any;
 }
 
 // Pages a block no longer holds go back to their chunk, every one counted resident (an upper
@@ -363,59 +189,29 @@ bool purge_chunks(Arena& a, Due due) {
 void give_back(SpanChunk* chunk, size_t first, size_t count, size_t block_dirty_bytes) {
   set_start(chunk, first, count, 0);
   count_committed(count * kSpanPageBytes, block_dirty_bytes);
-  Claims claims;
+  SpanClaims claims;
   const uint64_t now = os::now_ms();
-  Arena& a = arena_of(chunk);
+  SpanArena& a = span_arena_of(chunk);
   {
     os::LockGuard guard(a.lock);
     give_pages(chunk, first, count, now);
-    claim_over_limit(a, &claims, now);
-    publish(a);
+    span_claim_over_limit(a, &claims, now);
+    span_publish(a);
   }
-  purge_and_finish(a, &claims);
+  span_purge_and_finish(a, &claims);
   purger_notify();
-}
-
-void unmap_chunk(SpanChunk* chunk) {
-  count_chunk(chunk, false);
-  Arena& a = arena_of(chunk);
-  span_index_remove(a.index, chunk);
-  // Its header page is all that is counted resident once the free pages are gone.
-  count_sub(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
-  a.dirty_bytes -= chunk->dirty_pages * kSpanPageBytes;
-  count_add(g_totals.bytes_purged, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
-  count_sub(g_totals.bytes_mapped, kSegmentBytes);
-  chunk_map_clear(chunk, kSegmentBytes);
-  os::unmap(chunk, kSegmentBytes);
-}
-
-// Unlinks and unmaps the empty chunks that `expired` says may go.
-template <typename Expired>
-bool unmap_empty_chunks(Arena& a, Expired expired) {
-  bool any = false;
-  for (SpanChunk** link = &a.chunks; *link != nullptr;) {
-    SpanChunk* c = *link;
-    if (chunk_empty(c) && expired(c)) {
-      *link = c->next;
-      unmap_chunk(c);
-      any = true;
-    } else {
-      link = &c->next;
-    }
-  }
-  return any;
 }
 
 // Every page free; `resident_units` (64 KiB units, as the pool counts them) says which may
 // hold memory already: those pages are free and dirty, the rest read zero.
-SpanChunk* start_chunk(Arena& a, void* memory, uint64_t resident_units) {
+SpanChunk* start_chunk(SpanArena& a, void* memory, uint64_t resident_units) {
   auto* chunk = static_cast<SpanChunk*>(memory);
   *chunk = SpanChunk{};
   chunk->magic = kSpanChunkMagic;
-  chunk->arena = uint32_t(&a - g_arenas);
+  chunk->arena = uint32_t(&a - g_span_arenas);
   chunk->free_pages = kSpanChunkPages - 1;
   span_index_add(a.index, chunk);
-  mark_free(chunk, 1, kSpanChunkPages - 1);
+  span_mark_free(chunk, 1, kSpanChunkPages - 1);
   for (uint64_t left = resident_units; left != 0; left &= left - 1) {
     const size_t first = std::max<size_t>(1, size_t(__builtin_ctzll(left)) * kPagesPerUnit);
     const size_t end = (size_t(__builtin_ctzll(left)) + 1) * kPagesPerUnit;
@@ -426,7 +222,7 @@ SpanChunk* start_chunk(Arena& a, void* memory, uint64_t resident_units) {
   chunk->next = a.chunks;
   a.chunks = chunk;
   a.dirty_bytes += chunk->dirty_pages * kSpanPageBytes;
-  count_chunk(chunk, true);
+  span_count_chunk(chunk, true);
   count_add(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
   chunk_map_set(chunk, kSegmentBytes, true);
   return chunk;
@@ -436,32 +232,32 @@ SpanChunk* start_chunk(Arena& a, void* memory, uint64_t resident_units) {
 // chunk with the most resident pages, if any has one, as a 64 KiB unit mask of what may be
 // resident. It leaves the chunks and their counts (the mapping stays counted); the pool sets
 // the chunk map.
-void* give_empty_chunk_of(Arena& a, uint64_t* resident_units) {
+void* give_empty_chunk_of(SpanArena& a, uint64_t* resident_units) {
   os::LockGuard guard(a.lock);
   SpanChunk** best = nullptr;
   for (SpanChunk** link = &a.chunks; *link != nullptr; link = &(*link)->next)
-    if (chunk_empty(*link) && (*link)->dirty_pages != 0 && (best == nullptr || (*link)->dirty_pages > (*best)->dirty_pages))
+    if (span_chunk_empty(*link) && (*link)->dirty_pages != 0 && (best == nullptr || (*link)->dirty_pages > (*best)->dirty_pages))
       best = link;
   if (best == nullptr) return nullptr;
   SpanChunk* chunk = *best;
   *best = chunk->next;
-  count_chunk(chunk, false);
+  span_count_chunk(chunk, false);
   span_index_remove(a.index, chunk);
   uint64_t units = 1;
-  for (size_t i = next_with(chunk->dirty_bits, 1, true); i < kSpanChunkPages;) {
+  for (size_t i = span_next_with(chunk->dirty_bits, 1, true); i < kSpanChunkPages;) {
     units |= uint64_t{1} << (i / kPagesPerUnit);
-    i = next_with(chunk->dirty_bits, (i / kPagesPerUnit + 1) * kPagesPerUnit, true);
+    i = span_next_with(chunk->dirty_bits, (i / kPagesPerUnit + 1) * kPagesPerUnit, true);
   }
   *resident_units = units;
   a.dirty_bytes -= chunk->dirty_pages * kSpanPageBytes;
   count_sub(g_totals.bytes_large_committed, kSpanPageBytes + chunk->dirty_pages * kSpanPageBytes);
-  publish(a);
+  span_publish(a);
   return chunk;
 }
 
 // The first arena's with one (arenas that offer none are not locked).
 void* give_empty_chunk(uint64_t* resident_units) {
-  for (Arena& a : g_arenas)
+  for (SpanArena& a : g_span_arenas)
     if (a.offered_empty.load(std::memory_order_relaxed) != 0)
       if (void* chunk = give_empty_chunk_of(a, resident_units)) return chunk;
   return nullptr;
@@ -470,7 +266,7 @@ void* give_empty_chunk(uint64_t* resident_units) {
 // An empty segment of the pool whose units are still resident comes first: when a program's
 // small blocks die as its big ones grow, the pool would purge those units while this faulted
 // in new ones, the same memory twice. The pool asks the same of the chunks (give_empty_chunk).
-SpanChunk* new_chunk(Arena& a) {
+SpanChunk* new_chunk(SpanArena& a) {
   if (!span_index_reserve(a.index)) return nullptr;
   uint64_t resident_units = 0;
   if (void* segment = segment_give_empty(&resident_units); segment != nullptr)
@@ -491,15 +287,15 @@ struct Placement {
 };
 
 // Takes the placement's pages out of arena `a` (locked), which holds its chunk.
-void take(Arena& a, Placement* at) {
+void take(SpanArena& a, Placement* at) {
   at->touched = take_pages(at->chunk, at->first, at->count, &at->taken_dirty);
   a.peak_live_bytes.note(a.live_bytes, a.last_alloc_ms);
-  publish(a);
+  span_publish(a);
 }
 
 // A free run of arena `a` (locked) for a block of `need` pages, taken: of its rounded length,
 // else, since that still beats a new chunk, one that holds its exact pages. False if none.
-bool place(Arena& a, size_t need, Placement* at) {
+bool place(SpanArena& a, size_t need, Placement* at) {
   at->count = span_run_pages(need);
   if (!span_index_find(a.index, at->count, &at->chunk, &at->first)) {
     if (at->count == need || !span_index_find(a.index, need, &at->chunk, &at->first)) return false;
@@ -509,19 +305,36 @@ bool place(Arena& a, size_t need, Placement* at) {
   return true;
 }
 
-// Before a new chunk for arena `own`: a free run of another arena in use whose lock is free.
-// Threads that moved apart when they met still share what each other freed, rather than each
-// holding chunks of its own (mstress, whose short-lived threads met now and then: 61 against
-// 56 MiB peak RSS before this). Only tried, never waited for: a thread holds its own lock.
-bool place_elsewhere(const Arena& own, size_t need, uint64_t now, Placement* at) {
-  for (size_t i = 0, in_use = arenas_in_use(); i < in_use; ++i) {
-    Arena& a = g_arenas[i];
-    if (&a == &own || !a.lock.try_lock()) continue;
-    const os::LockGuard guard(a.lock, os::kAdoptLock);
+// Before a new chunk for arena `own`: a free run of another arena in use, each locked in turn
+// (the caller holds no lock, so two threads never wait for each other's). Threads that moved
+// apart when they met still share what each other freed, rather than each holding chunks of
+// its own (mstress, whose short-lived threads met now and then: 61 against 56 MiB peak RSS
+// before this). The thread moves to the arena whose run it took: one that moved because the
+// purger held its lock for a moment goes back to where its memory is.
+bool place_elsewhere(const SpanArena& own, size_t need, uint64_t now, Placement* at) {
+  for (size_t i = 0, in_use = span_arenas_in_use(); i < in_use; ++i) {
+    SpanArena& a = g_span_arenas[i];
+    if (&a == &own) continue;
+    const os::LockGuard guard(a.lock);
     a.last_alloc_ms = std::max(a.last_alloc_ms, now);
-    if (place(a, need, at)) return true;
+    if (place(a, need, at)) {
+      tls_arena = uint32_t(i);
+      return true;
+    }
   }
   return false;
+}
+
+// A new chunk for arena `own`, unless a run freed into it meanwhile holds the block.
+bool place_new(SpanArena& own, size_t need, Placement* at) {
+  const os::LockGuard guard(own.lock);
+  if (place(own, need, at)) return true;
+  at->chunk = new_chunk(own);
+  if (at->chunk == nullptr) return false;
+  at->first = 1;
+  at->count = span_run_pages(need);
+  take(own, at);
+  return true;
 }
 
 }  // namespace
@@ -532,18 +345,11 @@ LargeHeader* span_alloc(size_t used_bytes) {
   const size_t need = used_bytes >> kSpanPageShift;
   Placement at;
   const uint64_t now = os::now_ms();
-  {
-    Arena& a = lock_thread_arena();
-    const os::LockGuard guard(a.lock, os::kAdoptLock);
-    a.last_alloc_ms = std::max(a.last_alloc_ms, now);
-    if (!place(a, need, &at) && !place_elsewhere(a, need, now, &at)) {
-      at.chunk = new_chunk(a);
-      if (at.chunk == nullptr) return nullptr;
-      at.first = 1;
-      at.count = span_run_pages(need);
-      take(a, &at);
-    }
-  }
+  SpanArena& own = lock_thread_arena();
+  own.last_alloc_ms = std::max(own.last_alloc_ms, now);
+  const bool placed = place(own, need, &at);
+  own.lock.unlock();
+  if (!placed && !place_elsewhere(own, need, now, &at) && !place_new(own, need, &at)) return nullptr;
   SpanChunk* const chunk = at.chunk;
   const size_t first = at.first;
   const size_t count = at.count;
@@ -583,9 +389,9 @@ bool span_grow(LargeHeader* header, size_t new_used) {
   const size_t end = first + (header->reserve_bytes >> kSpanPageShift);
   const size_t new_end = first + (new_used >> kSpanPageShift);
   if (new_end > kSpanChunkPages) return false;
-  Arena& a = arena_of(chunk);
+  SpanArena& a = span_arena_of(chunk);
   os::LockGuard guard(a.lock);
-  const size_t free_end = next_with(chunk->free_bits, end, false);
+  const size_t free_end = span_next_with(chunk->free_bits, end, false);
   if (free_end < new_end) return false;
   const size_t run_end = std::min(free_end, first + span_run_pages(new_end - first));
   // The taken pages' contents are the block's to overwrite: their touched bytes need no zeroing,
@@ -598,7 +404,7 @@ bool span_grow(LargeHeader* header, size_t new_used) {
   count_committed(header->dirty_bytes - old_dirty, taken_dirty);
   set_start(chunk, end, run_end - end, uint16_t(first));
   a.peak_live_bytes.note(a.live_bytes, os::now_ms());
-  publish(a);
+  span_publish(a);
   header->reserve_bytes = (run_end - first) * kSpanPageBytes;
   return true;
 }
@@ -618,51 +424,21 @@ void span_shrink(LargeHeader* header, size_t new_used) {
   give_back(chunk, new_end, count, moved);
 }
 
-bool span_trim() {
-  bool any = false;
-  for (Arena& a : g_arenas) {
-    any |= purge_chunks(a, [](const SpanChunk*) { return true; });
-    os::LockGuard guard(a.lock);
-    any |= unmap_empty_chunks(a, [](const SpanChunk*) { return true; });
-    publish(a);
-  }
-  return any;
-}
-
-uint64_t span_purge_expired(uint64_t now_ms) {
-  // A free may come after now_ms was read: it is not due.
-  const auto expired = [now_ms](const SpanChunk* c) { return now_ms >= c->freed_ms + kSpanPurgeDelayMs; };
-  uint64_t due = kNeverMs;
-  for (Arena& a : g_arenas) {
-    // Runs kept warm for requests that have stopped go too: the limit is zero then.
-    purge_chunks(a, [&](const SpanChunk* c) { return expired(c) || dirty_limit_bytes(a, now_ms) == 0; });
-    os::LockGuard guard(a.lock);
-    unmap_empty_chunks(a, expired);
-    for (SpanChunk* c = a.chunks; c != nullptr; c = c->next)
-      if (c->dirty_pages != 0 || chunk_empty(c)) due = std::min(due, c->freed_ms + kSpanPurgeDelayMs);
-    // Left dirty while requests came: due when they stop.
-    if (a.dirty_bytes != 0 && a.last_alloc_ms + kSpanIdleMs > now_ms)
-      due = std::min(due, a.last_alloc_ms + kSpanIdleMs);
-    publish(a);
-  }
-  return due;
-}
-
 void span_dirty_usage(size_t* chunks, size_t* bytes) {
   *chunks = 0;
   *bytes = 0;
-  for (const Arena& a : g_arenas) {
+  for (const SpanArena& a : g_span_arenas) {
     *chunks += a.dirty_chunks_seen.load(std::memory_order_relaxed);
     *bytes += a.dirty_seen.load(std::memory_order_relaxed);
   }
 }
 
 void span_lock_for_fork() {
-  for (Arena& a : g_arenas) a.lock.lock();
+  for (SpanArena& a : g_span_arenas) a.lock.lock();
 }
 
 void span_unlock_after_fork() {
-  for (Arena& a : g_arenas) a.lock.unlock();
+  for (SpanArena& a : g_span_arenas) a.lock.unlock();
 }
 
 }  // namespace tray

@@ -179,14 +179,9 @@ class Mutex {
 };
 #endif
 
-inline constexpr struct AdoptLock {
-} kAdoptLock;
-
 class LockGuard {
  public:
   explicit LockGuard(Mutex& m) : mutex_(m) { mutex_.lock(); }
-  // For a mutex the caller has locked already.
-  LockGuard(Mutex& m, AdoptLock) : mutex_(m) {}
   ~LockGuard() { mutex_.unlock(); }
   LockGuard(const LockGuard&) = delete;
   LockGuard& operator=(const LockGuard&) = delete;

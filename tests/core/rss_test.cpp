@@ -253,8 +253,9 @@ TEST(Rss, SpansCutFromResidentPagesPurgeNothingThePoolHolds) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     if (tray_option_set("purge_thread", "0") != 0) _exit(2);
-    // Three fill a chunk; one of each three stays, so that the pool cannot take the chunk.
-    const size_t span_bytes = tray::kSpanMaxBytes / 3 - 64;
+    // Three fill a chunk (runs of 320 pages, a rounded length); one of each three stays, so
+    // that the pool cannot take the chunk.
+    const size_t span_bytes = 320 * 4096 - 64;
     std::vector<void*> spans(3 * (kSwingBurstBytes / 4 / tray::kSegmentBytes));
     for (void*& p : spans) p = tray_malloc(span_bytes);
     for (size_t i = 0; i < spans.size(); ++i)

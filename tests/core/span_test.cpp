@@ -268,10 +268,10 @@ TEST_F(Span, ABurstStaysWarmAndIsGivenBackAfterTheDelay) {
 // shrank as they died, and the runs went back a chunk at a time, to be faulted in again when
 // the blocks came back.
 TEST_F(Span, RunsKeptAtThePeakStayWhileTheBlocksDie) {
-  // Three blocks fill a chunk, so a hole left by one joins no free pages; the big blocks fit
-  // in no hole. At the peak, 48 MiB of big blocks beside 32 MiB of live small ones and 32 MiB
-  // of holes (dirty), under the limit; then the big blocks die.
-  const size_t small_bytes = tray::kSpanMaxBytes / 3 - 64;
+  // Three blocks fill a chunk but for 63 pages, so a hole left by one joins at most those; the
+  // big blocks fit in no hole. At the peak, 48 MiB of big blocks beside 32 MiB of live small
+  // ones and 32 MiB of holes (dirty), under the limit; then the big blocks die.
+  const size_t small_bytes = kThirdOfAChunk;
   const size_t count = 3 * (tray::kSpanDirtyFloorBytes / kMiB);
   const size_t big_bytes = 2 * kMiB;
   const auto start = std::chrono::steady_clock::now();
