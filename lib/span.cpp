@@ -28,7 +28,8 @@ std::atomic<size_t> g_arenas_in_use{1};
 __thread uint32_t tls_arena = 0;  // the arena the thread allocated from last
 
 // The calling thread's arena, locked: the one it allocated from last, unless another thread
-// holds its lock, and then the first after it whose lock is free, which it keeps from then on.
+// holds its lock, and then the first after it whose lock is free, which it keeps until it
+// takes a run from another (place_elsewhere).
 // Threads start in arena 0 and spread only as far as they meet: a program whose threads seldom
 // allocate spans at once keeps them in one arena, where each free run serves any thread (a
 // thread given an arena of its own at its start spread mstress's short-lived threads over four

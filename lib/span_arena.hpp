@@ -40,7 +40,7 @@ struct SpanArena {
 extern SpanArena g_span_arenas[kSpanArenaCount];
 
 inline SpanArena& span_arena_of(const SpanChunk* chunk) { return g_span_arenas[chunk->arena]; }
-// Arenas that a thread has allocated from (lock-free).
+// One more than the highest arena a thread has moved to (lock-free).
 size_t span_arenas_in_use();
 
 // The first page at or after `from` whose bit is `value`, or kSpanChunkPages.
