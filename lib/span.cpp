@@ -51,14 +51,12 @@ SpanArena& lock_thread_arena() {
   return own;
 }
 
-char* base_of(const void* p) { return static_cast<char*>(const_cast<void*>(p)); }
-
 SpanChunk* chunk_of(const void* p) {
   return reinterpret_cast<SpanChunk*>(align_down(reinterpret_cast<uintptr_t>(p), kSegmentBytes));
 }
 
 size_t page_index(const SpanChunk* chunk, const void* p) {
-  return size_t(base_of(p) - base_of(chunk)) >> kSpanPageShift;
+  return size_t(span_bytes(p) - span_bytes(chunk)) >> kSpanPageShift;
 }
 
 using bitmap::count_range;
@@ -359,7 +357,7 @@ LargeHeader* span_alloc(size_t used_bytes) {
   // the lock waited out the fault and went to sleep (two threads recycling blocks of 256..512
   // KiB took three times as long as one).
   set_start(chunk, first, count, uint16_t(first));
-  auto* header = reinterpret_cast<LargeHeader*>(base_of(chunk) + first * kSpanPageBytes);
+  auto* header = reinterpret_cast<LargeHeader*>(span_bytes(chunk) + first * kSpanPageBytes);
   header->magic = kSpanBlockMagic;
   header->reserve_bytes = count * kSpanPageBytes;
   // The header page is touched now, whatever the page held.
@@ -373,7 +371,7 @@ LargeHeader* span_block_of(const void* chunk, const void* p) {
   const size_t page = page_index(c, p);
   const size_t first = page == 0 ? 0 : __atomic_load_n(&c->start[page], __ATOMIC_RELAXED);
   if (first == 0) return nullptr;
-  return reinterpret_cast<LargeHeader*>(base_of(c) + first * kSpanPageBytes);
+  return reinterpret_cast<LargeHeader*>(span_bytes(c) + first * kSpanPageBytes);
 }
 
 void span_free(LargeHeader* header) {

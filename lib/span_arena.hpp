@@ -40,6 +40,9 @@ struct SpanArena {
 extern SpanArena g_span_arenas[kSpanArenaCount];
 
 inline SpanArena& span_arena_of(const SpanChunk* chunk) { return g_span_arenas[chunk->arena]; }
+
+// A span chunk's or block's address, for byte arithmetic.
+inline char* span_bytes(const void* p) { return static_cast<char*>(const_cast<void*>(p)); }
 // One more than the highest arena a thread has moved to (lock-free).
 size_t span_arenas_in_use();
 

@@ -19,8 +19,6 @@ namespace {
 using bitmap::count_range;
 using bitmap::set_range;
 
-char* base_of(const void* p) { return static_cast<char*>(const_cast<void*>(p)); }
-
 // Claims the chunk's free runs that hold resident pages, each run whole: its clean pages go in
 // the same madvise (harmless on free pages), so a run freed a block at a time, with clean
 // gaps, is one call, not one per dirty stretch. False if the claims filled up first.
@@ -47,7 +45,7 @@ bool claim_chunk(SpanChunk* chunk, SpanClaims* claims) {
 void purge_claims(SpanClaims* claims) {
   for (size_t i = 0; i < claims->count; ++i) {
     SpanClaim& run = claims->runs[i];
-    run.purged = os::purge(base_of(run.chunk) + run.first * kSpanPageBytes, run.count * kSpanPageBytes);
+    run.purged = os::purge(span_bytes(run.chunk) + run.first * kSpanPageBytes, run.count * kSpanPageBytes);
   }
 }
 
