@@ -12,6 +12,11 @@
 
 namespace tray {
 
+struct SpanIndexSlot {
+  SpanChunk* chunk;
+  uint64_t bins;  // bit b: a free run in bin b
+};
+
 namespace {
 
 // Free runs by length, in bins cut at span_run_pages' lengths, so that every run in a bin
@@ -39,25 +44,26 @@ static_assert(bin_pages(run_bin(33)) == 33 && bin_pages(run_bin(35)) == 33 && bi
 static_assert(run_bin(span_run_pages(500)) == run_bin(500) + 1 &&
               bin_pages(run_bin(span_run_pages(500))) == span_run_pages(500));
 
-// For each chunk, the bins its free runs fall in, side by side, so that a search opens one
-// chunk: one with a run in the smallest bin that holds the block. Walking every header (a TLB
-// miss each, 4 MiB apart) cost 2.7 us a step with 300 chunks, where a block of 512 KiB was
-// freed and another allocated in a loop; with an index of each chunk's longest run instead of
-// bins, looking through the runs of every chunk that could hold the block for the smallest
-// took 38% of `large_slots`' samples, and walking a chunk's runs after each change to learn
-// its bins, 13%: each chunk counts its runs per bin (SpanChunk::bin_runs) as they come and
-// go. Grown by doubling into a new mapping.
-}  // namespace
+// For each chunk, the bins its free runs fall in, so that a search opens one chunk: one with a
+// run in the smallest bin that holds the block. Walking every header (a TLB miss each, 4 MiB
+// apart) cost 2.7 us a step with 300 chunks, where a block of 512 KiB was freed and another
+// allocated in a loop; with an index of each chunk's longest run instead of bins, looking
+// through the runs of every chunk that could hold the block for the smallest took 38% of
+// `large_slots`' samples, and walking a chunk's runs after each change to learn its bins, 13%:
+// each chunk counts its runs per bin (SpanChunk::bin_runs) as they come and go. Which chunk
+// has a run in a bin is a bitmap per bin over the slots: a scan of the slots for the first
+// with the bin took 10% of `large_threads`' samples (2 threads, 110 chunks). Slots and bitmaps
+// share one mapping, grown by doubling.
+size_t bitmap_words(size_t capacity) { return capacity / 64; }
 
-struct SpanIndexSlot {
-  SpanChunk* chunk;
-  uint64_t bins;  // bit b: a free run in bin b
-};
+void set_slot_bin(SpanIndex& index, size_t slot, unsigned b, bool in) {
+  uint64_t& word = index.bin_slots[b * bitmap_words(index.capacity) + slot / 64];
+  word = in ? word | uint64_t{1} << slot % 64 : word & ~(uint64_t{1} << slot % 64);
+}
 
-namespace {
-
-// Bin b's count of chunks with a run there moves by one, up or down.
-void count_bin(SpanIndex& index, unsigned b, bool in) {
+// The chunk in `slot` gained its first run in bin b, or lost its last.
+void count_bin(SpanIndex& index, size_t slot, unsigned b, bool in) {
+  set_slot_bin(index, slot, b, in);
   index.bin_chunks[b] = in ? index.bin_chunks[b] + 1 : index.bin_chunks[b] - 1;
   index.bins = index.bin_chunks[b] != 0 ? index.bins | uint64_t{1} << b : index.bins & ~(uint64_t{1} << b);
 }
@@ -71,20 +77,30 @@ bool find_run(const SpanChunk* chunk, size_t* out_first, Fits fits) {
   });
 }
 
+size_t index_bytes(size_t capacity) {
+  return capacity * sizeof(SpanIndexSlot) + kBins * bitmap_words(capacity) * sizeof(uint64_t);
+}
+
 }  // namespace
 
 bool span_index_reserve(SpanIndex& index) {
   if (index.count < index.capacity) return true;
   const size_t capacity = std::max<size_t>(256, 2 * index.capacity);
-  auto* slots = static_cast<SpanIndexSlot*>(os::map(capacity * sizeof(SpanIndexSlot)));
-  if (slots == nullptr) return false;
+  auto* memory = static_cast<char*>(os::map(index_bytes(capacity)));
+  if (memory == nullptr) return false;
+  auto* slots = reinterpret_cast<SpanIndexSlot*>(memory);
+  auto* bin_slots = reinterpret_cast<uint64_t*>(memory + capacity * sizeof(SpanIndexSlot));
   if (index.slots != nullptr) {
     std::memcpy(slots, index.slots, index.count * sizeof(SpanIndexSlot));
-    os::unmap(index.slots, index.capacity * sizeof(SpanIndexSlot));
-    count_sub(g_totals.bytes_metadata, index.capacity * sizeof(SpanIndexSlot));
+    for (unsigned b = 0; b < kBins; ++b)
+      std::memcpy(bin_slots + b * bitmap_words(capacity), index.bin_slots + b * bitmap_words(index.capacity),
+                  bitmap_words(index.capacity) * sizeof(uint64_t));
+    os::unmap(index.slots, index_bytes(index.capacity));
+    count_sub(g_totals.bytes_metadata, index_bytes(index.capacity));
   }
-  count_add(g_totals.bytes_metadata, capacity * sizeof(SpanIndexSlot));
+  count_add(g_totals.bytes_metadata, index_bytes(capacity));
   index.slots = slots;
+  index.bin_slots = bin_slots;
   index.capacity = capacity;
   return true;
 }
@@ -97,18 +113,25 @@ void span_index_add(SpanIndex& index, SpanChunk* chunk) {
 }
 
 void span_index_remove(SpanIndex& index, const SpanChunk* chunk) {
-  for (uint64_t bins = index.slots[chunk->slot].bins; bins != 0; bins &= bins - 1)
-    count_bin(index, unsigned(__builtin_ctzll(bins)), false);
-  const SpanIndexSlot last = index.slots[--index.count];
-  index.slots[chunk->slot] = last;
-  last.chunk->slot = chunk->slot;
+  const size_t slot = chunk->slot;
+  for (uint64_t bins = index.slots[slot].bins; bins != 0; bins &= bins - 1)
+    count_bin(index, slot, unsigned(__builtin_ctzll(bins)), false);
+  const size_t last = --index.count;
+  if (last == slot) return;
+  const SpanIndexSlot moved = index.slots[last];
+  for (uint64_t bins = moved.bins; bins != 0; bins &= bins - 1) {
+    set_slot_bin(index, last, unsigned(__builtin_ctzll(bins)), false);
+    set_slot_bin(index, slot, unsigned(__builtin_ctzll(bins)), true);
+  }
+  index.slots[slot] = moved;
+  moved.chunk->slot = uint32_t(slot);
 }
 
 void span_index_run_added(SpanIndex& index, SpanChunk* chunk, size_t pages) {
   const unsigned b = run_bin(pages);
   if (chunk->bin_runs[b]++ != 0) return;
   index.slots[chunk->slot].bins |= uint64_t{1} << b;
-  count_bin(index, b, true);
+  count_bin(index, chunk->slot, b, true);
 }
 
 void span_index_run_removed(SpanIndex& index, SpanChunk* chunk, size_t pages) {
@@ -116,16 +139,19 @@ void span_index_run_removed(SpanIndex& index, SpanChunk* chunk, size_t pages) {
   TRAY_ASSERT(chunk->bin_runs[b] != 0);
   if (--chunk->bin_runs[b] != 0) return;
   index.slots[chunk->slot].bins &= ~(uint64_t{1} << b);
-  count_bin(index, b, false);
+  count_bin(index, chunk->slot, b, false);
 }
 
 bool span_index_find(const SpanIndex& index, size_t count, SpanChunk** out_chunk, size_t* out_first) {
+  const size_t words = bitmap_words(index.capacity);
   const unsigned own_bin = run_bin(count);
   if (bin_pages(own_bin) != count) {
-    for (size_t i = 0; i < index.count; ++i) {
-      if ((index.slots[i].bins >> own_bin & 1) == 0) continue;
-      if (find_run(index.slots[i].chunk, out_first, [&](size_t length) { return length >= count && run_bin(length) == own_bin; })) {
-        *out_chunk = index.slots[i].chunk;
+    const uint64_t* slots = index.bin_slots + own_bin * words;
+    for (size_t slot = bitmap::next_with(slots, index.count, 0, true); slot < index.count;
+         slot = bitmap::next_with(slots, index.count, slot + 1, true)) {
+      SpanChunk* chunk = index.slots[slot].chunk;
+      if (find_run(chunk, out_first, [&](size_t length) { return length >= count && run_bin(length) == own_bin; })) {
+        *out_chunk = chunk;
         return true;
       }
     }
@@ -134,9 +160,9 @@ bool span_index_find(const SpanIndex& index, size_t count, SpanChunk** out_chunk
   const uint64_t bins = low_bin < kBins ? index.bins & ~uint64_t{0} << low_bin : 0;
   if (bins == 0) return false;
   const unsigned best_bin = unsigned(__builtin_ctzll(bins));
-  size_t i = 0;
-  while ((index.slots[i].bins >> best_bin & 1) == 0) ++i;
-  *out_chunk = index.slots[i].chunk;
+  const size_t slot = bitmap::next_with(index.bin_slots + best_bin * words, index.count, 0, true);
+  TRAY_ASSERT(slot < index.count);
+  *out_chunk = index.slots[slot].chunk;
   return find_run(*out_chunk, out_first, [&](size_t length) { return run_bin(length) == best_bin; });
 }
 
@@ -158,7 +184,15 @@ void span_index_check([[maybe_unused]] const SpanIndex& index, [[maybe_unused]] 
   }
   TRAY_ASSERT(count == index.count);
   uint64_t bins = 0;
-  for (size_t i = 0; i < index.count; ++i) bins |= index.slots[i].bins;
+  for (size_t i = 0; i < index.count; ++i) {
+    bins |= index.slots[i].bins;
+    for (unsigned b = 0; b < kBins; ++b)
+      TRAY_ASSERT((index.bin_slots[b * bitmap_words(index.capacity) + i / 64] >> i % 64 & 1) ==
+                  (index.slots[i].bins >> b & 1));
+  }
+  for (unsigned b = 0; b < kBins; ++b)
+    TRAY_ASSERT(bitmap::count_range(index.bin_slots + b * bitmap_words(index.capacity), 0, index.capacity) ==
+                index.bin_chunks[b]);
   TRAY_ASSERT(bins == index.bins);
 #endif
 }

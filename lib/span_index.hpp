@@ -14,10 +14,11 @@ struct SpanIndexSlot;
 // One index: a span arena's (span.cpp), under its lock.
 struct SpanIndex {
   SpanIndexSlot* slots = nullptr;
+  uint64_t* bin_slots = nullptr;  // per bin, a bitmap of the slots whose chunk has a run there
   size_t count = 0;
-  size_t capacity = 0;
-  uint32_t bin_chunks[64] = {};  // per bin, the chunks with a free run in it
-  uint64_t bins = 0;             // the bins where that is not zero
+  size_t capacity = 0;            // slots, a multiple of 64
+  uint32_t bin_chunks[64] = {};   // per bin, the chunks with a free run in it
+  uint64_t bins = 0;              // the bins where that is not zero
 };
 
 // Room for one more chunk; false if the OS refused the memory for it.
@@ -30,7 +31,7 @@ void span_index_run_added(SpanIndex& index, SpanChunk* chunk, size_t pages);
 void span_index_run_removed(SpanIndex& index, SpanChunk* chunk, size_t pages);
 // A free run of at least `count` pages: one in the smallest length bin whose runs all hold it,
 // or of that bin, where its runs may be shorter (a length between rounded ones), one that
-// holds it; in the first chunk of the index that has one, its first such run. False if no
+// holds it; in the chunk of the lowest slot that has one, its first such run. False if no
 // chunk has one.
 bool span_index_find(const SpanIndex& index, size_t count, SpanChunk** out_chunk, size_t* out_first);
 // Debug builds: checks the index against a walk over every chunk of the list.

@@ -200,6 +200,28 @@ TEST_F(Span, BlocksReplacedAtRandomReuseTheStartsOfEarlierOnes) {
   EXPECT_LT(starts.size(), 25 * kLive) << "the blocks kept starting on new pages";
 }
 
+// More chunks than the index has room for at first (256 slots): it grows, and what it knew of
+// the first chunks' free runs must come along, or their runs are lost to it (a new chunk per
+// block below) and a search walks off the chunks it has.
+TEST_F(Span, AnIndexGrownPastItsFirstRoomStillFindsEveryChunksRun) {
+  constexpr size_t kChunks = 300;
+  constexpr size_t kTwoThirdsOfAChunk = 640 * 4096 - 64;  // leaves a run that one third holds
+  std::vector<void*> blocks;
+  std::set<uintptr_t> chunks;
+  for (size_t i = 0; i < kChunks; ++i) {
+    blocks.push_back(tray_malloc(kTwoThirdsOfAChunk));
+    ASSERT_NE(blocks.back(), nullptr);
+    chunks.insert(chunk_of(blocks.back()));
+  }
+  ASSERT_EQ(chunks.size(), kChunks) << "each block takes a chunk of its own";
+  for (size_t i = 0; i < kChunks; ++i) {
+    blocks.push_back(tray_malloc(kThirdOfAChunk));
+    ASSERT_NE(blocks.back(), nullptr);
+    EXPECT_EQ(chunks.count(chunk_of(blocks.back())), 1u) << "block " << i << " took a new chunk";
+  }
+  for (void* p : blocks) tray_free(p);
+}
+
 TEST_F(Span, CallocOfAReusedRunIsZero) {
   const size_t size = 700 * kKiB;
   auto* dirty = static_cast<char*>(tray_malloc(size));
