@@ -52,33 +52,35 @@ struct SampleState {
 // A cache line each: neighbouring descriptors in a segment header often belong to different
 // threads, and every malloc and free writes its page's `free` and `used`.
 struct alignas(kCacheLineBytes) Page {
+  // --- the owner's line: written by the owner thread, read by it alone on its fast paths ---
   Block* free = nullptr;        // owner: blocks ready to hand out
   // owner: blocks out of `free` (live or in the heap's remote list). A floating page (full,
   // in no queue) holds 1 instead of its count, which is then `reserved`: the next free brings
   // it to zero, so the free fast path needs one test for "now empty" and "was full" alike.
   uint32_t used = 0;
   uint32_t capacity = 0;        // owner: blocks carved so far (the rest are untouched memory)
-  uint32_t reserved = 0;        // blocks the page can hold
-  uint32_t block_bytes = 0;
-  uint8_t size_class = 0;
-  uint8_t unit_count = 0;       // units spanned (pool lock); 0 for no page
   // owner: full, and in no queue until a block comes back. Set last, with a release store: a
   // sender holding every block of the page reads it to take the page (remote.cpp).
   bool floating = false;
   bool retained = false;        // owner: empty, kept in its queue (counted in retained_bytes)
   bool warm = false;            // owner: allocated from since the last sparse pass (sparse.cpp)
-  uint8_t heap_bucket = 0;      // remote_bucket_of(heap), for senders: set with `heap`
   uint16_t scrubbed_used : 15 = 0;  // owner: `used` when sparse.cpp last looked at it; 0: never
   // owner: some of its OS pages are given back (Segment::sparse_purged says which), so the
   // pages that have none, nearly all, need not read the segment header's line to know.
   uint16_t given_back : 1 = 0;
-  Heap* heap = nullptr;         // owner; stable while any block of the page is live
-  uint8_t* blocks = nullptr;    // address of block 0
   Page* next = nullptr;         // owner: the heap's queue for this class
   Page* prev = nullptr;
+  // --- the shared line: set when the page gets its owner, read by every thread that frees
+  // one of its blocks ---
+  alignas(kCacheLineBytes) Heap* heap = nullptr;  // owner; stable while any block of the page is live
+  uint8_t* blocks = nullptr;    // address of block 0
+  uint32_t reserved = 0;        // blocks the page can hold
+  uint32_t block_bytes = 0;
+  uint8_t size_class = 0;
+  uint8_t unit_count = 0;       // units spanned (pool lock); 0 for no page
+  uint8_t heap_bucket = 0;      // remote_bucket_of(heap), for senders: set with `heap`
 };
-// Exactly a cache line: no padding for the header to pay for.
-static_assert(sizeof(Page) == 64 && kCacheLineBytes == 64);
+static_assert(sizeof(Page) == 2 * kCacheLineBytes && kCacheLineBytes == 64);
 
 inline constexpr uint32_t kSegmentMagic = 0x54524159;  // "TRAY"
 
