@@ -112,6 +112,8 @@ void span_publish(SpanArena& a) {
   for (const SpanChunk* c = a.chunks; c != nullptr; c = c->next) {
     dirty += c->dirty_pages != 0;
     empty += c->dirty_pages != 0 && span_chunk_empty(c);
+    for (size_t w = 0; w < kSpanBitWords; ++w)  // a free page that started a block is resident
+      TRAY_ASSERT((c->started_bits[w] & c->free_bits[w] & ~c->dirty_bits[w]) == 0);
   }
   TRAY_ASSERT(dirty == a.dirty_chunks && empty == a.empty_dirty_chunks);
   span_index_check(a.index, a.chunks);
@@ -285,9 +287,27 @@ struct Placement {
   size_t taken_dirty = 0;  // take_pages'
 };
 
+// A block whose run's first page never held a header (what a shorter block left of a longer
+// run, joined to the next block freed) starts instead on a page of the run where a block
+// started before, if it fits from there and skips at most an eighth of its own pages: that
+// page is resident, so the header and the program's first write land without a page fault.
+// A program that writes little of its blocks (buffers sized for the worst case) otherwise
+// faults in a page wherever a rounded length can end, a new one every few allocations. The
+// bound keeps what is skipped, left free, as short as the rounding's slack: a run is not cut
+// in two for a block that could have taken its front, which for blocks the program fills
+// (every page resident anyway) would cost contiguous free pages and save nothing.
+void start_where_one_started(Placement* at) {
+  const uint64_t* started = at->chunk->started_bits;
+  if (started[at->first / 64] >> at->first % 64 & 1) return;
+  const size_t run_end = span_next_with(at->chunk->free_bits, at->first, false);
+  const size_t page = span_next_with(started, at->first + 1, true);
+  if (page + at->count <= run_end && page - at->first <= at->count / 8) at->first = page;
+}
+
 // Takes the placement's pages out of arena `a` (locked), which holds its chunk.
 void take(SpanArena& a, Placement* at) {
   at->touched = take_pages(at->chunk, at->first, at->count, &at->taken_dirty);
+  set_range(at->chunk->started_bits, at->first, 1, true);
   a.peak_live_bytes.note(a.live_bytes, a.last_alloc_ms);
   span_publish(a);
 }
@@ -300,6 +320,7 @@ bool place(SpanArena& a, size_t need, Placement* at) {
     if (at->count == need || !span_index_find(a.index, need, &at->chunk, &at->first)) return false;
     at->count = need;
   }
+  start_where_one_started(at);
   take(a, at);
   return true;
 }

@@ -25,6 +25,9 @@ struct SpanChunk {
   uint16_t bin_runs[64];  // its free runs in each of the index's length bins
   uint64_t free_bits[kSpanBitWords];
   uint64_t dirty_bits[kSpanBitWords];  // a subset of free_bits
+  // Pages where a block started (its header, always written) since they were last purged:
+  // resident for certain, where a free page's dirty bit says only that it may be.
+  uint64_t started_bits[kSpanBitWords];
   uint16_t start[kSpanChunkPages];     // of a used page: its block's first page; 0 when free
 };
 static_assert(sizeof(SpanChunk) <= kSpanPageBytes);

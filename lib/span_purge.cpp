@@ -32,6 +32,7 @@ bool claim_chunk(SpanChunk* chunk, SpanClaims* claims) {
       claims->runs[claims->count++] = {chunk, uint16_t(s), uint16_t(e - s), uint16_t(dirty), false};
       span_mark_used(chunk, s, e - s);
       set_range(chunk->dirty_bits, s, e - s, false);
+      set_range(chunk->started_bits, s, e - s, false);
       chunk->free_pages -= uint32_t(e - s);
       chunk->dirty_pages -= uint32_t(dirty);
       span_arena_of(chunk).dirty_bytes -= dirty * kSpanPageBytes;

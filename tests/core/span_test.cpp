@@ -136,6 +136,31 @@ TEST_F(Span, NeighbouringFreeRunsJoinAndABigRunIsSplit) {
   tray_free(c);
 }
 
+// A run whose first page never held a header (what a shorter block left of a freed one,
+// joined to the next freed block) gives the next block the page where a block started
+// before, if the pages it skips are at most an eighth of the block: that page is resident,
+// so the block's first write does not fault. A longer skip would split the run for it.
+TEST_F(Span, ABlockStartsWhereABlockStartedIfItSkipsLittle) {
+  const auto pages = [](size_t n) { return n * 4096 - 64; };
+  char* a = alloc_filled(pages(96), 1);
+  char* b = alloc_filled(pages(80), 2);
+  const size_t c_size = rest_of_chunk(run_bytes(pages(96)) + run_bytes(pages(80)));
+  char* c = alloc_filled(c_size, 3);
+  ASSERT_EQ(b, a + 96 * 4096);
+  ASSERT_EQ(c, b + 80 * 4096);
+  tray_free(a);
+  char* d = alloc_filled(pages(88), 4);  // leaves 8 pages of a's run that no block started on
+  ASSERT_EQ(d, a);
+  tray_free(b);  // the free run: those 8 pages, then b's 80
+  char* e = alloc_filled(pages(80), 5);
+  EXPECT_EQ(e, b) << "started " << (e - a) / 4096 << " pages into a's run, not on b's first page";
+  EXPECT_TRUE(tray_test::sequence_intact(d, pages(88), 4));
+  EXPECT_TRUE(tray_test::sequence_intact(c, c_size, 3));
+  tray_free(e);
+  tray_free(d);
+  tray_free(c);
+}
+
 TEST_F(Span, ReallocGrowsInPlaceIntoFreePagesAndMovesWhenTheyAreTaken) {
   char* p = alloc_filled(200 * kKiB, 7);
   ASSERT_NE(p, nullptr);
