@@ -49,8 +49,9 @@ struct SampleState {
 // all the page holds. Owner-thread fields are plain. `heap` is read by other threads too, but
 // only through a block they were handed after the page got its owner, and it changes only once
 // every block is back, so each read happens after the write it sees: no atomics needed.
-// A cache line each: neighbouring descriptors in a segment header often belong to different
-// threads, and every malloc and free writes its page's `free` and `used`.
+// Two cache lines, aligned: neighbouring descriptors in a segment header often belong to
+// different threads, and every malloc and free writes its page's `free` and `used`; a thread
+// that frees another's block reads only the second line, which its owner seldom writes.
 struct alignas(kCacheLineBytes) Page {
   // --- the owner's line: written by the owner thread, read by it alone on its fast paths ---
   Block* free = nullptr;        // owner: blocks ready to hand out
