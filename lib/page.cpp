@@ -1,5 +1,7 @@
 #include "page.hpp"
 
+#include <algorithm>
+
 #include "core/assert.hpp"
 #include "platform/os.hpp"
 #include "segment.hpp"
@@ -52,6 +54,26 @@ void page_release(Page* page) {
   segment_return_page(page);
 }
 
+namespace {
+
+// Starts fetching the blocks the page's next extension will link through (a hint to write;
+// x86-64 without PREFETCHW builds it as a plain prefetch into every cache level).
+// Memory a page reuses (resident, written long ago by blocks of another size) is cold, and
+// the extension's link writes miss; x86 commits stores in order, so the store that follows
+// them waits for every one. In `phases`, where 1000-byte blocks take over the pages 1 MiB
+// blocks left, that store held 13% of the samples (`perf record`). Fetched now, the misses
+// overlap the program's work until the next extension. Eight blocks at most: the hardware
+// prefetcher follows the sequential writes through a run of small blocks on its own. Inlined:
+// a function of loads and prefetches alone counts as free of side effects, and GCC dropped
+// the call.
+TRAY_INLINE void prefetch_next_extension(const Page* page, uint32_t count) {
+  const uint32_t blocks = std::min(std::min<uint32_t>(count, 8), page->reserved - page->capacity);
+  for (uint32_t i = 0; i < blocks; ++i)
+    __builtin_prefetch(page->blocks + size_t(page->capacity + i) * page->block_bytes, 1);
+}
+
+}  // namespace
+
 void page_extend(Page* page) {
   TRAY_ASSERT(page_can_extend(page));
   const size_t block = page->block_bytes;
@@ -67,6 +89,7 @@ void page_extend(Page* page) {
   reinterpret_cast<Block*>(p)->next = page->free;
   page->free = reinterpret_cast<Block*>(first);
   page->capacity += count;
+  prefetch_next_extension(page, count);
 }
 
 }  // namespace tray
