@@ -82,6 +82,8 @@ struct alignas(kCacheLineBytes) Page {
   uint8_t heap_bucket = 0;      // remote_bucket_of(heap), for senders: set with `heap`
 };
 static_assert(sizeof(Page) == 2 * kCacheLineBytes && kCacheLineBytes == 64);
+static_assert(offsetof(Page, prev) + sizeof(Page*) <= kCacheLineBytes && offsetof(Page, heap) == kCacheLineBytes,
+              "what the owner writes fills the first line, what other threads read starts the second");
 
 inline constexpr uint32_t kSegmentMagic = 0x54524159;  // "TRAY"
 
