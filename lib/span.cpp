@@ -297,10 +297,9 @@ struct Placement {
 // in two for a block that could have taken its front, which for blocks the program fills
 // (every page resident anyway) would cost contiguous free pages and save nothing.
 void start_where_one_started(Placement* at) {
-  const uint64_t* started = at->chunk->started_bits;
-  if (started[at->first / 64] >> at->first % 64 & 1) return;
+  const size_t page = span_next_with(at->chunk->started_bits, at->first, true);
+  if (page == at->first) return;
   const size_t run_end = span_next_with(at->chunk->free_bits, at->first, false);
-  const size_t page = span_next_with(started, at->first + 1, true);
   if (page + at->count <= run_end && page - at->first <= at->count / 8) at->first = page;
 }
 

@@ -12,11 +12,6 @@
 
 namespace tray {
 
-struct SpanIndexSlot {
-  SpanChunk* chunk;
-  uint64_t bins;  // bit b: a free run in bin b
-};
-
 namespace {
 
 // Free runs by length, in bins cut at span_run_pages' lengths, so that every run in a bin
@@ -56,9 +51,19 @@ static_assert(run_bin(span_run_pages(500)) == run_bin(500) + 1 &&
 // share one mapping, grown by doubling.
 size_t bitmap_words(size_t capacity) { return capacity / 64; }
 
+uint64_t* slots_of_bin(const SpanIndex& index, unsigned b) {
+  return index.bin_slots + b * bitmap_words(index.capacity);
+}
+
 void set_slot_bin(SpanIndex& index, size_t slot, unsigned b, bool in) {
-  uint64_t& word = index.bin_slots[b * bitmap_words(index.capacity) + slot / 64];
-  word = in ? word | uint64_t{1} << slot % 64 : word & ~(uint64_t{1} << slot % 64);
+  bitmap::set_range(slots_of_bin(index, b), slot, 1, in);
+}
+
+// The bins where the chunk has a free run, as a mask.
+uint64_t bins_of(const SpanChunk* chunk) {
+  uint64_t bins = 0;
+  for (unsigned b = 0; b < kBins; ++b) bins |= uint64_t{chunk->bin_runs[b] != 0} << b;
+  return bins;
 }
 
 // The chunk in `slot` gained its first run in bin b, or lost its last.
@@ -78,7 +83,7 @@ bool find_run(const SpanChunk* chunk, size_t* out_first, Fits fits) {
 }
 
 size_t index_bytes(size_t capacity) {
-  return capacity * sizeof(SpanIndexSlot) + kBins * bitmap_words(capacity) * sizeof(uint64_t);
+  return capacity * sizeof(SpanChunk*) + kBins * bitmap_words(capacity) * sizeof(uint64_t);
 }
 
 }  // namespace
@@ -88,18 +93,18 @@ bool span_index_reserve(SpanIndex& index) {
   const size_t capacity = std::max<size_t>(256, 2 * index.capacity);
   auto* memory = static_cast<char*>(os::map(index_bytes(capacity)));
   if (memory == nullptr) return false;
-  auto* slots = reinterpret_cast<SpanIndexSlot*>(memory);
-  auto* bin_slots = reinterpret_cast<uint64_t*>(memory + capacity * sizeof(SpanIndexSlot));
-  if (index.slots != nullptr) {
-    std::memcpy(slots, index.slots, index.count * sizeof(SpanIndexSlot));
+  auto* chunks = reinterpret_cast<SpanChunk**>(memory);
+  auto* bin_slots = reinterpret_cast<uint64_t*>(memory + capacity * sizeof(SpanChunk*));
+  if (index.chunks != nullptr) {
+    std::memcpy(chunks, index.chunks, index.count * sizeof(SpanChunk*));
     for (unsigned b = 0; b < kBins; ++b)
-      std::memcpy(bin_slots + b * bitmap_words(capacity), index.bin_slots + b * bitmap_words(index.capacity),
+      std::memcpy(bin_slots + b * bitmap_words(capacity), slots_of_bin(index, b),
                   bitmap_words(index.capacity) * sizeof(uint64_t));
-    os::unmap(index.slots, index_bytes(index.capacity));
+    os::unmap(index.chunks, index_bytes(index.capacity));
     count_sub(g_totals.bytes_metadata, index_bytes(index.capacity));
   }
   count_add(g_totals.bytes_metadata, index_bytes(capacity));
-  index.slots = slots;
+  index.chunks = chunks;
   index.bin_slots = bin_slots;
   index.capacity = capacity;
   return true;
@@ -109,47 +114,43 @@ void span_index_add(SpanIndex& index, SpanChunk* chunk) {
   TRAY_CHECK(index.count < index.capacity);
   std::memset(chunk->bin_runs, 0, sizeof(chunk->bin_runs));
   chunk->slot = uint32_t(index.count++);
-  index.slots[chunk->slot] = {chunk, 0};
+  index.chunks[chunk->slot] = chunk;
 }
 
+// The last slot's chunk moves into the one that leaves.
 void span_index_remove(SpanIndex& index, const SpanChunk* chunk) {
   const size_t slot = chunk->slot;
-  for (uint64_t bins = index.slots[slot].bins; bins != 0; bins &= bins - 1)
+  for (uint64_t bins = bins_of(chunk); bins != 0; bins &= bins - 1)
     count_bin(index, slot, unsigned(__builtin_ctzll(bins)), false);
   const size_t last = --index.count;
   if (last == slot) return;
-  const SpanIndexSlot moved = index.slots[last];
-  for (uint64_t bins = moved.bins; bins != 0; bins &= bins - 1) {
+  SpanChunk* moved = index.chunks[last];
+  for (uint64_t bins = bins_of(moved); bins != 0; bins &= bins - 1) {
     set_slot_bin(index, last, unsigned(__builtin_ctzll(bins)), false);
     set_slot_bin(index, slot, unsigned(__builtin_ctzll(bins)), true);
   }
-  index.slots[slot] = moved;
-  moved.chunk->slot = uint32_t(slot);
+  index.chunks[slot] = moved;
+  moved->slot = uint32_t(slot);
 }
 
 void span_index_run_added(SpanIndex& index, SpanChunk* chunk, size_t pages) {
   const unsigned b = run_bin(pages);
-  if (chunk->bin_runs[b]++ != 0) return;
-  index.slots[chunk->slot].bins |= uint64_t{1} << b;
-  count_bin(index, chunk->slot, b, true);
+  if (chunk->bin_runs[b]++ == 0) count_bin(index, chunk->slot, b, true);
 }
 
 void span_index_run_removed(SpanIndex& index, SpanChunk* chunk, size_t pages) {
   const unsigned b = run_bin(pages);
   TRAY_ASSERT(chunk->bin_runs[b] != 0);
-  if (--chunk->bin_runs[b] != 0) return;
-  index.slots[chunk->slot].bins &= ~(uint64_t{1} << b);
-  count_bin(index, chunk->slot, b, false);
+  if (--chunk->bin_runs[b] == 0) count_bin(index, chunk->slot, b, false);
 }
 
 bool span_index_find(const SpanIndex& index, size_t count, SpanChunk** out_chunk, size_t* out_first) {
-  const size_t words = bitmap_words(index.capacity);
   const unsigned own_bin = run_bin(count);
   if (bin_pages(own_bin) != count) {
-    const uint64_t* slots = index.bin_slots + own_bin * words;
+    const uint64_t* slots = slots_of_bin(index, own_bin);
     for (size_t slot = bitmap::next_with(slots, index.count, 0, true); slot < index.count;
          slot = bitmap::next_with(slots, index.count, slot + 1, true)) {
-      SpanChunk* chunk = index.slots[slot].chunk;
+      SpanChunk* chunk = index.chunks[slot];
       if (find_run(chunk, out_first, [&](size_t length) { return length >= count && run_bin(length) == own_bin; })) {
         *out_chunk = chunk;
         return true;
@@ -160,9 +161,9 @@ bool span_index_find(const SpanIndex& index, size_t count, SpanChunk** out_chunk
   const uint64_t bins = low_bin < kBins ? index.bins & ~uint64_t{0} << low_bin : 0;
   if (bins == 0) return false;
   const unsigned best_bin = unsigned(__builtin_ctzll(bins));
-  const size_t slot = bitmap::next_with(index.bin_slots + best_bin * words, index.count, 0, true);
+  const size_t slot = bitmap::next_with(slots_of_bin(index, best_bin), index.count, 0, true);
   TRAY_ASSERT(slot < index.count);
-  *out_chunk = index.slots[slot].chunk;
+  *out_chunk = index.chunks[slot];
   return find_run(*out_chunk, out_first, [&](size_t length) { return run_bin(length) == best_bin; });
 }
 
@@ -175,24 +176,19 @@ void span_index_check([[maybe_unused]] const SpanIndex& index, [[maybe_unused]] 
       ++runs[run_bin(pages)];
       return false;
     });
-    uint64_t bins = 0;
     for (unsigned b = 0; b < kBins; ++b) {
       TRAY_ASSERT(runs[b] == c->bin_runs[b]);
-      bins |= uint64_t{runs[b] != 0} << b;
+      TRAY_ASSERT(bitmap::count_range(slots_of_bin(index, b), c->slot, 1) == size_t{runs[b] != 0});
     }
-    TRAY_ASSERT(index.slots[c->slot].chunk == c && index.slots[c->slot].bins == bins);
+    TRAY_ASSERT(index.chunks[c->slot] == c);
   }
   TRAY_ASSERT(count == index.count);
   uint64_t bins = 0;
-  for (size_t i = 0; i < index.count; ++i) {
-    bins |= index.slots[i].bins;
-    for (unsigned b = 0; b < kBins; ++b)
-      TRAY_ASSERT((index.bin_slots[b * bitmap_words(index.capacity) + i / 64] >> i % 64 & 1) ==
-                  (index.slots[i].bins >> b & 1));
+  for (unsigned b = 0; b < kBins; ++b) {
+    const size_t with_bin = bitmap::count_range(slots_of_bin(index, b), 0, index.capacity);
+    TRAY_ASSERT(with_bin == index.bin_chunks[b]);
+    bins |= uint64_t{with_bin != 0} << b;
   }
-  for (unsigned b = 0; b < kBins; ++b)
-    TRAY_ASSERT(bitmap::count_range(index.bin_slots + b * bitmap_words(index.capacity), 0, index.capacity) ==
-                index.bin_chunks[b]);
   TRAY_ASSERT(bins == index.bins);
 #endif
 }

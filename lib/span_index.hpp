@@ -9,11 +9,9 @@
 
 namespace tray {
 
-struct SpanIndexSlot;
-
 // One index: a span arena's (span.cpp), under its lock.
 struct SpanIndex {
-  SpanIndexSlot* slots = nullptr;
+  SpanChunk** chunks = nullptr;   // per slot, its chunk
   uint64_t* bin_slots = nullptr;  // per bin, a bitmap of the slots whose chunk has a run there
   size_t count = 0;
   size_t capacity = 0;            // slots, a multiple of 64

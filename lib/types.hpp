@@ -53,7 +53,7 @@ struct SampleState {
 // different threads, and every malloc and free writes its page's `free` and `used`; a thread
 // that frees another's block reads only the second line, which its owner seldom writes.
 struct alignas(kCacheLineBytes) Page {
-  // --- the owner's line: written by the owner thread, read by it alone on its fast paths ---
+  // --- the owner's line: written by the owner thread; others read only `floating` (remote.cpp) ---
   Block* free = nullptr;        // owner: blocks ready to hand out
   // owner: blocks out of `free` (live or in the heap's remote list). A floating page (full,
   // in no queue) holds 1 instead of its count, which is then `reserved`: the next free brings
