@@ -112,8 +112,11 @@ void span_publish(SpanArena& a) {
   for (const SpanChunk* c = a.chunks; c != nullptr; c = c->next) {
     dirty += c->dirty_pages != 0;
     empty += c->dirty_pages != 0 && span_chunk_empty(c);
-    for (size_t w = 0; w < kSpanBitWords; ++w)  // a free page that started a block is resident
+    for (size_t w = 0; w < kSpanBitWords; ++w) {
+      // A free page that started a block is resident; no block starts on a free page.
       TRAY_ASSERT((c->started_bits[w] & c->free_bits[w] & ~c->dirty_bits[w]) == 0);
+      TRAY_ASSERT((c->block_bits[w] & c->free_bits[w]) == 0);
+    }
   }
   TRAY_ASSERT(dirty == a.dirty_chunks && empty == a.empty_dirty_chunks);
   span_index_check(a.index, a.chunks);
@@ -138,12 +141,14 @@ void span_publish(SpanArena& a) {
 
 namespace {
 
-// A block's pages name its first page (0: no block). Written by the block's owner without the
-// lock, while the pages are the block's: after they are taken, before they are given back.
-// Frees read them without it too, and only a bad pointer can look at a block on its way.
-void set_start(SpanChunk* chunk, size_t first, size_t count, uint16_t value) {
-  for (size_t i = first; i < first + count; ++i)
-    __atomic_store_n(&chunk->start[i], value, __ATOMIC_RELAXED);
+// Whether a block starts on pages [first, first + count): set for a block's first page when
+// it is taken, cleared for every page given back. Under the lock; each word is stored whole
+// for the frees that read it without (span_block_of).
+void set_block_starts(SpanChunk* chunk, size_t first, size_t count, bool value) {
+  bitmap::for_words(first, count, [&](size_t w, uint64_t mask) {
+    const uint64_t word = chunk->block_bits[w];
+    __atomic_store_n(&chunk->block_bits[w], value ? word | mask : word & ~mask, __ATOMIC_RELAXED);
+  });
 }
 
 // The resident large bytes change by `added` less `removed`, in one update of the shared
@@ -174,6 +179,7 @@ size_t take_pages(SpanChunk* chunk, size_t first, size_t count, size_t* dirty_by
 // Gives pages [first, first + count) back to `chunk`, resident (the caller counts them).
 void give_pages(SpanChunk* chunk, size_t first, size_t count, uint64_t now) {
   const SpanRecount recount(chunk);
+  set_block_starts(chunk, first, count, false);
   span_mark_free(chunk, first, count);
   set_range(chunk->dirty_bits, first, count, true);
   chunk->free_pages += uint32_t(count);
@@ -188,7 +194,6 @@ void give_pages(SpanChunk* chunk, size_t first, size_t count, uint64_t now) {
 // bound, as for joined mappings) in place of the block's `block_dirty_bytes` of them, and what
 // the dirty limit no longer allows is purged once the lock is let go.
 void give_back(SpanChunk* chunk, size_t first, size_t count, size_t block_dirty_bytes) {
-  set_start(chunk, first, count, 0);
   count_committed(count * kSpanPageBytes, block_dirty_bytes);
   SpanClaims claims;
   const uint64_t now = os::now_ms();
@@ -307,6 +312,7 @@ void start_where_one_started(Placement* at) {
 void take(SpanArena& a, Placement* at) {
   at->touched = take_pages(at->chunk, at->first, at->count, &at->taken_dirty);
   set_range(at->chunk->started_bits, at->first, 1, true);
+  set_block_starts(at->chunk, at->first, 1, true);
   a.peak_live_bytes.note(a.live_bytes, a.last_alloc_ms);
   span_publish(a);
 }
@@ -376,7 +382,6 @@ LargeHeader* span_alloc(size_t used_bytes) {
   // where no block started before, is written without the lock. Under it, a thread that wanted
   // the lock waited out the fault and went to sleep (two threads recycling blocks of 256..512
   // KiB took three times as long as one).
-  set_start(chunk, first, count, uint16_t(first));
   auto* header = reinterpret_cast<LargeHeader*>(span_bytes(chunk) + first * kSpanPageBytes);
   header->magic = kSpanBlockMagic;
   header->reserve_bytes = count * kSpanPageBytes;
@@ -386,12 +391,22 @@ LargeHeader* span_alloc(size_t used_bytes) {
   return header;
 }
 
+// The nearest block start at or below p's page, and p must lie in that block's run: past it
+// (free pages, or another chunk's header page) there is no block. Without the lock, so a bad
+// pointer may read a header on its way in or out, as a bad pointer may read any block.
 LargeHeader* span_block_of(const void* chunk, const void* p) {
   const auto* c = static_cast<const SpanChunk*>(chunk);
   const size_t page = page_index(c, p);
-  const size_t first = page == 0 ? 0 : __atomic_load_n(&c->start[page], __ATOMIC_RELAXED);
-  if (first == 0) return nullptr;
-  return reinterpret_cast<LargeHeader*>(span_bytes(c) + first * kSpanPageBytes);
+  size_t w = page / 64;
+  uint64_t starts = __atomic_load_n(&c->block_bits[w], __ATOMIC_RELAXED) & (~uint64_t{0} >> (63 - page % 64));
+  while (starts == 0) {
+    if (w == 0) return nullptr;
+    starts = __atomic_load_n(&c->block_bits[--w], __ATOMIC_RELAXED);
+  }
+  const size_t first = w * 64 + 63 - size_t(__builtin_clzll(starts));
+  auto* header = reinterpret_cast<LargeHeader*>(span_bytes(c) + first * kSpanPageBytes);
+  if (page - first >= header->reserve_bytes >> kSpanPageShift) return nullptr;
+  return header;
 }
 
 void span_free(LargeHeader* header) {
@@ -421,7 +436,6 @@ bool span_grow(LargeHeader* header, size_t new_used) {
   if (const size_t touched = take_pages(chunk, end, run_end - end, &taken_dirty); touched != 0)
     header->dirty_bytes = std::max(header->dirty_bytes, (end - first) * kSpanPageBytes + touched);
   count_committed(header->dirty_bytes - old_dirty, taken_dirty);
-  set_start(chunk, end, run_end - end, uint16_t(first));
   a.peak_live_bytes.note(a.live_bytes, os::now_ms());
   span_publish(a);
   header->reserve_bytes = (run_end - first) * kSpanPageBytes;

@@ -24,7 +24,7 @@ constexpr unsigned run_bin(size_t pages) {
   if (pages <= size_t{1} << kFirstBinShift) return 0;
   const unsigned e = floor_log2(pages - 1);
   const size_t base = size_t{1} << e;
-  return 1 + 9 * (e - kFirstBinShift) + unsigned((pages - base) / (base / 8));
+  return 1 + 9 * (e - kFirstBinShift) + unsigned((pages - base) >> (e - 3));  // in eighths of base
 }
 constexpr size_t bin_pages(unsigned bin) {
   if (bin == 0) return 1;

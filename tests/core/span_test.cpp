@@ -161,6 +161,49 @@ TEST_F(Span, ABlockStartsWhereABlockStartedIfItSkipsLittle) {
   tray_free(c);
 }
 
+// A pointer anywhere in a block's run finds the block's header (frees of the block, and debug
+// mode's "lies inside a large block"); one into free pages, into what a shrink gave back or
+// into the chunk's header page finds none, and freeing it changes nothing.
+TEST_F(Span, APointerIntoABlockFindsItAndOneIntoFreePagesFindsNone) {
+  char* a = alloc_filled(300 * kKiB, 1);
+  char* b = alloc_filled(300 * kKiB, 2);
+  char* c = alloc_filled(300 * kKiB, 3);
+  ASSERT_EQ(b, a + run_bytes(300 * kKiB));
+  ASSERT_EQ(c, b + run_bytes(300 * kKiB));
+  const auto* chunk = reinterpret_cast<const void*>(chunk_of(a));
+  const auto block_of = [](const char* p) {
+    return tray::span_block_of(reinterpret_cast<const void*>(chunk_of(p)), p);
+  };
+  ASSERT_NE(block_of(a), nullptr);
+  EXPECT_EQ(block_of(a)->user, a);
+  EXPECT_EQ(block_of(a + 200 * kKiB), block_of(a));
+  EXPECT_EQ(block_of(a + 300 * kKiB - 1), block_of(a));
+  EXPECT_EQ(block_of(c + 300 * kKiB - 1)->user, c);
+  EXPECT_EQ(block_of(static_cast<const char*>(chunk) + 100), nullptr) << "the chunk's header page";
+  tray_free(b);
+  EXPECT_EQ(block_of(b), nullptr);
+  EXPECT_EQ(block_of(b + 200 * kKiB), nullptr) << "free pages after a live block";
+  EXPECT_EQ(block_of(c)->user, c);
+  ASSERT_EQ(tray_realloc(a, 200 * kKiB), a);
+  EXPECT_EQ(block_of(a + 199 * kKiB)->user, a);
+  EXPECT_EQ(block_of(a + 250 * kKiB), nullptr) << "what the shrink gave back";
+  const size_t foreign_before = tray_test::stats_now().foreign_frees;
+  tray_free(c + 100 * kKiB);
+  EXPECT_EQ(tray_test::stats_now().foreign_frees, foreign_before + 1);
+  EXPECT_EQ(block_of(c)->user, c) << "a free of a pointer inside the block leaves it alone";
+  EXPECT_TRUE(tray_test::sequence_intact(c, 300 * kKiB, 3));
+  // A block aligned to a page starts a page past its header: its pointer lies on the second
+  // page of its run.
+  void* aligned = nullptr;
+  ASSERT_EQ(tray_posix_memalign(&aligned, 4 * kKiB, 200 * kKiB), 0);
+  ASSERT_EQ(chunk_of(aligned), chunk_of(a));
+  EXPECT_EQ(block_of(static_cast<char*>(aligned))->user, aligned);
+  EXPECT_EQ(reinterpret_cast<char*>(block_of(static_cast<char*>(aligned))), static_cast<char*>(aligned) - 4 * kKiB);
+  tray_free(aligned);
+  tray_free(c);
+  tray_free(a);
+}
+
 TEST_F(Span, ReallocGrowsInPlaceIntoFreePagesAndMovesWhenTheyAreTaken) {
   char* p = alloc_filled(200 * kKiB, 7);
   ASSERT_NE(p, nullptr);
