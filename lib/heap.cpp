@@ -361,6 +361,9 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
     if (heap->retained_bytes + bytes <= kHeapRetainedBytes || debug_mode()) {
       page->retained = true;
       heap->retained_bytes += bytes;
+      // Debug mode checks each block's link when it hands the block out again; its pages keep
+      // their lists as they are.
+      if (page->came_home && !debug_mode()) page_recarve(page);
     } else {
       release_page(heap, page);
     }

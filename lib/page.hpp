@@ -15,6 +15,10 @@ void page_release(Page* page);
 size_t page_debug_states_bytes(const Page* page);
 // Carves more blocks onto the free list; the page must have untouched blocks left.
 void page_extend(Page* page);
+// An empty page that its heap keeps (every carved block free), which took in blocks from other
+// threads: its free list is dropped, and its blocks are carved again, in address order, when
+// it is allocated from next.
+void page_recarve(Page* page);
 
 TRAY_INLINE bool page_can_extend(const Page* page) { return page->capacity < page->reserved; }
 

@@ -105,6 +105,7 @@ TRAY_INLINE RemoteBucket& bucket_of(Heap* self, const Page* page) {
 void page_free_run(Heap* heap, Page* page, Block* first, Block* last, uint64_t count) {
   last->next = page->free;
   page->free = first;
+  page->came_home = true;
   if (TRAY_UNLIKELY(page->floating)) {  // the first block back brings it into its queue
     page->used = 0;
     heap_page_event(heap, page);
@@ -396,6 +397,7 @@ void remote_drain(Heap* heap) noexcept {
     const Room room = room_of(page);
     if (room == Room::kNone) {
       Block* next = run->next;
+      page->came_home = true;
       page_free_local(heap, page, run);
       run = next;
       continue;

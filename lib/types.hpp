@@ -65,6 +65,7 @@ struct alignas(kCacheLineBytes) Page {
   bool floating = false;
   bool retained = false;        // owner: empty, kept in its queue (counted in retained_bytes)
   bool warm = false;            // owner: allocated from since the last sparse pass (sparse.cpp)
+  bool came_home = false;       // owner: took in blocks other threads freed since it was carved
   uint16_t scrubbed_used : 15 = 0;  // owner: `used` when sparse.cpp last looked at it; 0: never
   // owner: some of its OS pages are given back (Segment::sparse_purged says which), so the
   // pages that have none, nearly all, need not read the segment header's line to know.

@@ -260,6 +260,43 @@ TEST(RemoteFree, RunHeadersStayInsideTheirBlocks) {
   }
 }
 
+// Pages whose blocks another thread freed in random order, and which went empty, hand their
+// blocks out in address order again (page_recarve): kept as they came home, in runs spliced
+// in the order the sender's batches and the owner's drain cut them, a producer whose consumer
+// frees blocks in the order it was handed them saw that order turn random over the rounds.
+TEST(RemoteFree, PagesEmptiedByAnotherThreadHandOutAscendingAddressesAgain) {
+  constexpr size_t kBytes = 448;  // a class the test framework's own allocations seldom use
+  const unsigned c = tray::size_class_of(kBytes);
+  const size_t per_page = tray::class_blocks_per_page(c);
+  const size_t block_bytes = tray::class_size(c);
+  std::vector<void*> blocks;
+  for (size_t i = 0; i < 3 * per_page; ++i) blocks.push_back(tray_malloc(kBytes));
+  // The first two pages' worth, freed at random by a thread with buckets of its own.
+  std::vector<void*> freed(blocks.begin(), blocks.begin() + 2 * per_page);
+  tray_test::Rng rng(7);
+  for (size_t i = freed.size() - 1; i > 0; --i) std::swap(freed[i], freed[rng.next() % (i + 1)]);
+  std::thread([&] {
+    tray_free(tray_malloc(kBytes));
+    for (void* p : freed) tray_free(p);
+  }).join();
+  // A large allocation takes the thread's remote frees in: the pages they filled go empty.
+  tray_free(tray_malloc(1 << 20));
+  std::sort(freed.begin(), freed.end());
+  std::vector<void*> again, reused;
+  for (size_t i = 0; i < 3 * per_page; ++i) {
+    again.push_back(tray_malloc(kBytes));
+    if (std::binary_search(freed.begin(), freed.end(), again.back())) reused.push_back(again.back());
+  }
+  ASSERT_GE(reused.size(), per_page) << "the emptied pages were not allocated from again";
+  size_t in_order = 0;
+  for (size_t i = 1; i < reused.size(); ++i)
+    in_order += static_cast<char*>(reused[i]) - static_cast<char*>(reused[i - 1]) == ptrdiff_t(block_bytes);
+  EXPECT_GE(in_order * 10, (reused.size() - 1) * 9) << in_order << " of " << reused.size() - 1
+                                                     << " blocks came right after the one before";
+  for (void* p : again) tray_free(p);
+  for (size_t i = 2 * per_page; i < blocks.size(); ++i) tray_free(blocks[i]);
+}
+
 // A consumer: a thread that never allocates, and only frees blocks other threads made. It gets
 // a heap at its first such free, so that its frees travel in batches; when it exits, what its
 // buckets still hold must reach the owner.
