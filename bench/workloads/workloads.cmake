@@ -18,4 +18,5 @@ set(TRAY_BENCH_WORKLOADS
   phases
   large_slots
   large_threads
+  exchange
 )
