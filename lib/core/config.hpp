@@ -206,4 +206,9 @@ inline constexpr size_t kGuardMaxSlots = 1024;
 // Return addresses kept of each guarded block's allocation and of its free.
 inline constexpr unsigned kGuardStackFrames = 16;
 
+// Times a thread that finds one of the allocator's locks held checks it again, with a pause
+// between checks, before it sleeps (os::Mutex): about as long as a holder takes (a few hundred
+// instructions), much less than a futex sleep and wake-up.
+inline constexpr int kMutexSpins = 100;
+
 }  // namespace tray

@@ -19,6 +19,7 @@
 #include <atomic>
 
 #include "core/bits.hpp"
+#include "core/config.hpp"
 #include "platform/unwind.hpp"
 
 #if TRAY_ASAN
@@ -655,6 +656,28 @@ void wait_on(std::atomic<uint32_t>& word, uint32_t expected, uint64_t timeout_ms
   timespec timeout{time_t(timeout_ms / 1000), long(timeout_ms % 1000) * 1000000};
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
           timeout_ms == 0 ? nullptr : &timeout, nullptr, 0);
+}
+
+// Spins while the holder is likely still running, then marks the lock as having a sleeper and
+// sleeps until the holder's unlock wakes one. errno is the program's: a futex call that finds
+// the word changed fails with EAGAIN, inside malloc and free.
+void Mutex::lock_contended() {
+  for (int spin = 0; spin < kMutexSpins; ++spin) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    if (state_.load(std::memory_order_relaxed) == 0 && try_lock()) return;
+  }
+  const int saved = errno;
+  while (state_.exchange(2, std::memory_order_acquire) != 0)
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state_), FUTEX_WAIT_PRIVATE, 2, nullptr, nullptr, 0);
+  errno = saved;
+}
+
+void Mutex::wake_one_waiter() {
+  const int saved = errno;
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  errno = saved;
 }
 
 void wake_all(std::atomic<uint32_t>& word) {
