@@ -61,7 +61,8 @@ bool span_trim();
 // Purges the free pages of chunks whose delay ran out and unmaps those left empty: when the
 // next will be due, or kNeverMs.
 uint64_t span_purge_expired(uint64_t now_ms);
-// Chunks with resident free pages, and those pages' bytes (lock-free, for dumps).
+// Chunks with resident free pages and freed blocks kept whole, and the bytes of both (lock-free,
+// for dumps).
 void span_dirty_usage(size_t* chunks, size_t* bytes);
 
 void span_lock_for_fork();

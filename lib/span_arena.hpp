@@ -13,6 +13,7 @@
 #include "platform/os.hpp"
 #include "span_chunk.hpp"
 #include "span_index.hpp"
+#include "types.hpp"
 
 namespace tray {
 
@@ -31,6 +32,11 @@ struct SpanArena {
   size_t dirty_chunks = 0;
   size_t empty_dirty_chunks = 0;
   SpanIndex index;
+  // Freed blocks kept whole (kSpanStashBlocks), oldest first, and their touched bytes: their
+  // pages stay taken, counted live and resident, until stash_flush gives them back.
+  LargeHeader* stash[kSpanStashBlocks] = {};
+  size_t stash_count = 0;
+  size_t stash_dirty_bytes = 0;
   // What readers without the lock see (publish).
   std::atomic<size_t> dirty_seen{0};
   std::atomic<size_t> dirty_chunks_seen{0};
@@ -75,6 +81,8 @@ void span_mark_used(SpanChunk* chunk, size_t first, size_t count);
 void span_mark_free(SpanChunk* chunk, size_t first, size_t count);
 // The arena's counts for readers without the lock, and its offer of empty chunks to the pool.
 void span_publish(SpanArena& a);
+// Gives every block the arena keeps whole (SpanArena::stash) back to its chunk, at `now_ms`.
+void span_stash_flush(SpanArena& a, uint64_t now_ms);
 
 // --- span_purge.cpp ---
 

@@ -34,6 +34,7 @@ bool claim_chunk(SpanChunk* chunk, SpanClaims* claims) {
       set_range(chunk->dirty_bits, s, e - s, false);
       set_range(chunk->started_bits, s, e - s, false);
       chunk->free_pages -= uint32_t(e - s);
+      chunk->claimed_pages += uint32_t(e - s);
       chunk->dirty_pages -= uint32_t(dirty);
       span_arena_of(chunk).dirty_bytes -= dirty * kSpanPageBytes;
     }
@@ -59,6 +60,7 @@ void finish_claims(const SpanClaims& claims) {
     const SpanRecount recount(chunk);
     span_mark_free(chunk, run.first, run.count);
     chunk->free_pages += run.count;
+    chunk->claimed_pages -= run.count;
     if (run.purged) {
       count_sub(g_totals.bytes_large_committed, run.dirty * kSpanPageBytes);
       count_add(g_totals.bytes_purged, run.dirty * kSpanPageBytes);
@@ -171,6 +173,10 @@ bool unmap_empty_chunks(SpanArena& a, Expired expired) {
 bool span_trim() {
   bool any = false;
   for (SpanArena& a : g_span_arenas) {
+    {
+      os::LockGuard guard(a.lock);
+      span_stash_flush(a, os::now_ms());
+    }
     any |= purge_chunks(a, [](const SpanChunk*) { return true; });
     os::LockGuard guard(a.lock);
     any |= unmap_empty_chunks(a, [](const SpanChunk*) { return true; });
@@ -184,14 +190,20 @@ uint64_t span_purge_expired(uint64_t now_ms) {
   const auto expired = [now_ms](const SpanChunk* c) { return now_ms >= c->freed_ms + kSpanPurgeDelayMs; };
   uint64_t due = kNeverMs;
   for (SpanArena& a : g_span_arenas) {
+    // Blocks kept whole for requests that have stopped go back to their chunks, and with the
+    // limit at zero their pages go to the OS below.
+    {
+      os::LockGuard guard(a.lock);
+      if (a.stash_count != 0 && now_ms >= a.last_alloc_ms + kSpanIdleMs) span_stash_flush(a, now_ms);
+    }
     // Runs kept warm for requests that have stopped go too: the limit is zero then.
     purge_chunks(a, [&](const SpanChunk* c) { return expired(c) || dirty_limit_bytes(a, now_ms) == 0; });
     os::LockGuard guard(a.lock);
     unmap_empty_chunks(a, expired);
     for (SpanChunk* c = a.chunks; c != nullptr; c = c->next)
       if (c->dirty_pages != 0 || span_chunk_empty(c)) due = std::min(due, c->freed_ms + kSpanPurgeDelayMs);
-    // Left dirty while requests came: due when they stop.
-    if (a.dirty_bytes != 0 && a.last_alloc_ms + kSpanIdleMs > now_ms)
+    // Left dirty, or kept whole, while requests came: due when they stop.
+    if ((a.dirty_bytes != 0 || a.stash_count != 0) && a.last_alloc_ms + kSpanIdleMs > now_ms)
       due = std::min(due, a.last_alloc_ms + kSpanIdleMs);
     span_publish(a);
   }

@@ -149,6 +149,12 @@ inline constexpr size_t kSpanArenaCount = 4;
 // millisecond (mstress), while the soak's small phases started with up to 16 MiB kept for the
 // mixed phase's spans, dying one by one, for 150 ms.
 inline constexpr uint64_t kSpanIdleMs = 50;
+// Each arena keeps up to this many freed span blocks whole, and at most this many of their
+// bytes touched, for the next request of about their length (span.cpp): taken again with no
+// search, no bitmap and, the header's page being resident, no page fault. They go back to
+// their chunks when the arena needs the room, and when span requests stop (kSpanIdleMs).
+inline constexpr size_t kSpanStashBlocks = 4;
+inline constexpr size_t kSpanStashDirtyBytes = size_t{2} << 20;
 // Free runs of span chunks that one holder of an arena's lock claims for purging: madvise runs
 // after it lets go (as kPoolPurgeClaimsPerRound for the pool).
 inline constexpr size_t kSpanPurgeClaimsPerRound = 16;

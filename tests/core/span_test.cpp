@@ -101,6 +101,7 @@ TEST_F(Span, AFreedRunIsReusedAndBlocksShareAChunk) {
   EXPECT_EQ(chunk_of(a), chunk_of(b)) << "blocks under a chunk are packed together";
   EXPECT_EQ(b, a + run_bytes(300 * kKiB));
   tray_free(a);
+  tray_trim();  // gives back the freed blocks the arena keeps whole (see below)
   const auto before = tray_test::stats_now();
   char* again = alloc_filled(250 * kKiB, 3);
   EXPECT_EQ(again, a) << "the freed run serves the next block that fits";
@@ -108,6 +109,44 @@ TEST_F(Span, AFreedRunIsReusedAndBlocksShareAChunk) {
   EXPECT_TRUE(tray_test::sequence_intact(b, 300 * kKiB, 2));
   tray_free(again);
   tray_free(b);
+}
+
+// A freed block is kept whole for the next request whose rounded run it holds, up to one
+// rounding step longer; a shorter request takes a run of its own; and once the chunk holds
+// no live block, the kept one goes back to it, so that the empty chunk is whole again.
+TEST_F(Span, AFreedBlockIsKeptWholeForTheNextRequestOfAboutItsLength) {
+  char* a = alloc_filled(300 * kKiB, 1);  // a run of 80 pages
+  char* b = alloc_filled(300 * kKiB, 2);
+  ASSERT_EQ(b, a + run_bytes(300 * kKiB));
+  tray_free(a);
+  char* same = alloc_filled(290 * kKiB, 3);  // 80 pages too
+  EXPECT_EQ(same, a);
+  tray_free(same);
+  char* step_shorter = alloc_filled(260 * kKiB, 4);  // 72 pages: 80 is one step more
+  EXPECT_EQ(step_shorter, a);
+  // Whole: its last pages are its own, where a run cut to 72 pages would have left them free.
+  const void* chunk = reinterpret_cast<const void*>(chunk_of(a));
+  EXPECT_EQ(tray::span_block_of(chunk, a + 76 * 4096), tray::span_block_of(chunk, a));
+  tray_free(step_shorter);
+  // Handed out again to calloc, the whole of what the block touched is zeroed.
+  auto* zeroed = static_cast<char*>(tray_calloc(1, 300 * kKiB));
+  ASSERT_EQ(zeroed, a);
+  for (size_t i = 0; i < 300 * kKiB; i += 8) ASSERT_EQ(zeroed[i], 0) << "at " << i;
+  tray_free(zeroed);
+  const auto kept = tray_test::stats_now();
+  EXPECT_GE(kept.large.cached_blocks, 1u);
+  EXPECT_GE(kept.large.cached_bytes, 4096u) << "a kept block counts as cached";
+  char* shorter = alloc_filled(200 * kKiB, 5);  // 52 pages: takes a run of its own
+  EXPECT_NE(shorter, a);
+  EXPECT_TRUE(tray_test::sequence_intact(b, 300 * kKiB, 2));
+  tray_free(shorter);
+  tray_free(b);
+  // Nothing live in the chunk: every page is free again, kept blocks' too (an empty chunk is
+  // what the pool takes when it needs memory), so a block of the whole chunk fits.
+  EXPECT_EQ(tray::span_block_of(chunk, shorter), nullptr) << "a kept block holds on to an idle chunk";
+  char* whole = alloc_filled(rest_of_chunk(0), 6);
+  EXPECT_EQ(whole, a) << "a kept block held on to a chunk with nothing live";
+  tray_free(whole);
 }
 
 TEST_F(Span, NeighbouringFreeRunsJoinAndABigRunIsSplit) {
@@ -181,6 +220,7 @@ TEST_F(Span, APointerIntoABlockFindsItAndOneIntoFreePagesFindsNone) {
   EXPECT_EQ(block_of(c + 300 * kKiB - 1)->user, c);
   EXPECT_EQ(block_of(static_cast<const char*>(chunk) + 100), nullptr) << "the chunk's header page";
   tray_free(b);
+  tray_trim();  // b was kept whole for the next request of its length: its pages go back
   EXPECT_EQ(block_of(b), nullptr);
   EXPECT_EQ(block_of(b + 200 * kKiB), nullptr) << "free pages after a live block";
   EXPECT_EQ(block_of(c)->user, c);
