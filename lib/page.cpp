@@ -58,12 +58,12 @@ void page_release(Page* page) {
 // Blocks that other threads free come home in runs, each spliced onto the front of its page's
 // list, whose boundaries fall where the senders' batches and the owner's drains happened to
 // cut (a page whose blocks only its own thread freed keeps its list: the most recently freed,
-// warm blocks first). Over a few hundred rounds of a producer whose consumer frees blocks in the order they
-// were handed out, the list's order became random: every pop a cache miss on a line another
-// core wrote, and one that no prefetcher foresees, since the address comes from the block
-// before. Carved again, an empty page hands out ascending addresses once more (xmalloc_test,
-// 2 threads: 0.082 -> 0.039 s). It costs a store per block, in order, on lines the program is
-// about to write anyway. Its given-back OS pages come back with the carving.
+// warm blocks first). Over a few hundred rounds of a producer whose consumer frees blocks in
+// the order they were handed out, the list's order became random: every pop a cache miss on a
+// line another core wrote, and one that no prefetcher foresees, since the address comes from
+// the block before. Carved again, an empty page hands out ascending addresses once more
+// (xmalloc_test, 2 threads: 0.078 -> 0.039 s). It costs a store per block, in order, on lines
+// the program is about to write anyway. Its given-back OS pages come back with the carving.
 void page_recarve(Page* page) {
   TRAY_ASSERT(page->used == 0 && !page->floating);
   sparse_forget(page);
