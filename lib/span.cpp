@@ -374,6 +374,7 @@ struct Placement {
   size_t count = 0;        // pages of its run
   size_t touched = 0;      // take_pages'
   size_t taken_dirty = 0;  // take_pages'
+  LargeHeader* kept = nullptr;  // a freed block the arena kept whole, taken instead
 };
 
 // A block whose run's first page never held a header (what a shorter block left of a longer
@@ -405,6 +406,11 @@ void take(SpanArena& a, Placement* at) {
 // else, since that still beats a new chunk, one that holds its exact pages. False if none.
 bool place(SpanArena& a, size_t need, Placement* at) {
   at->count = span_run_pages(need);
+  // Its pages, counts and touched bytes are as they were while the block was live.
+  if ((at->kept = take_stashed(a, at->count)) != nullptr) {
+    span_publish(a);
+    return true;
+  }
   if (!span_index_find(a.index, at->count, &at->chunk, &at->first)) {
     if (at->count == need || !span_index_find(a.index, need, &at->chunk, &at->first)) return false;
     at->count = need;
@@ -461,15 +467,10 @@ LargeHeader* span_alloc(size_t used_bytes) {
   const uint64_t now = os::now_ms();
   SpanArena& own = lock_thread_arena();
   own.last_alloc_ms = std::max(own.last_alloc_ms, now);
-  // Its pages, counts and touched bytes are as they were while the block was live.
-  if (LargeHeader* kept = take_stashed(own, span_run_pages(need)); kept != nullptr) {
-    span_publish(own);
-    own.lock.unlock();
-    return kept;
-  }
   const bool placed = place(own, need, &at);
   own.lock.unlock();
   if (!placed && !place_elsewhere(own, need, now, &at) && !place_new(own, need, &at)) return nullptr;
+  if (at.kept != nullptr) return at.kept;
   SpanChunk* const chunk = at.chunk;
   const size_t first = at.first;
   const size_t count = at.count;
@@ -520,6 +521,15 @@ void span_free(LargeHeader* header) {
 
 void span_stash_flush(SpanArena& a, uint64_t now_ms) {
   while (a.stash_count != 0) give_block(unstash(a, 0), now_ms);
+}
+
+void span_stash_flush_all() {
+  const uint64_t now = os::now_ms();
+  for (SpanArena& a : g_span_arenas) {
+    os::LockGuard guard(a.lock);
+    span_stash_flush(a, now);
+    span_publish(a);
+  }
 }
 
 bool span_grow(LargeHeader* header, size_t new_used) {

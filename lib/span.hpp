@@ -58,6 +58,8 @@ bool span_grow(LargeHeader* header, size_t new_used);
 void span_shrink(LargeHeader* header, size_t new_used);
 // Purges every free page and unmaps empty chunks; true if there was any.
 bool span_trim();
+// Gives the freed blocks every arena keeps whole back to their chunks (span_trim does first).
+void span_stash_flush_all();
 // Purges the free pages of chunks whose delay ran out and unmaps those left empty: when the
 // next will be due, or kNeverMs.
 uint64_t span_purge_expired(uint64_t now_ms);

@@ -171,12 +171,9 @@ bool unmap_empty_chunks(SpanArena& a, Expired expired) {
 }  // namespace
 
 bool span_trim() {
+  span_stash_flush_all();
   bool any = false;
   for (SpanArena& a : g_span_arenas) {
-    {
-      os::LockGuard guard(a.lock);
-      span_stash_flush(a, os::now_ms());
-    }
     any |= purge_chunks(a, [](const SpanChunk*) { return true; });
     os::LockGuard guard(a.lock);
     any |= unmap_empty_chunks(a, [](const SpanChunk*) { return true; });

@@ -188,9 +188,11 @@ TEST_F(Span, ABlockStartsWhereABlockStartedIfItSkipsLittle) {
   ASSERT_EQ(b, a + 96 * 4096);
   ASSERT_EQ(c, b + 80 * 4096);
   tray_free(a);
+  tray::span_stash_flush_all();  // a's run is free, not a block kept whole
   char* d = alloc_filled(pages(88), 4);  // leaves 8 pages of a's run that no block started on
   ASSERT_EQ(d, a);
   tray_free(b);  // the free run: those 8 pages, then b's 80
+  tray::span_stash_flush_all();
   char* e = alloc_filled(pages(80), 5);
   EXPECT_EQ(e, b) << "started " << (e - a) / 4096 << " pages into a's run, not on b's first page";
   EXPECT_TRUE(tray_test::sequence_intact(d, pages(88), 4));
