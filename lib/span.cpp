@@ -402,8 +402,9 @@ void take(SpanArena& a, Placement* at) {
   span_publish(a);
 }
 
-// A free run of arena `a` (locked) for a block of `need` pages, taken: of its rounded length,
-// else, since that still beats a new chunk, one that holds its exact pages. False if none.
+// A block of `need` pages from arena `a` (locked): a freed block it kept whole that fits
+// (at->kept), else a free run, taken: of its rounded length, else, since that still beats a
+// new chunk, one that holds its exact pages. False if none.
 bool place(SpanArena& a, size_t need, Placement* at) {
   at->count = span_run_pages(need);
   // Its pages, counts and touched bytes are as they were while the block was live.
