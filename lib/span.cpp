@@ -97,6 +97,25 @@ void span_mark_free(SpanChunk* chunk, size_t first, size_t count) {
   set_range(chunk->free_bits, first, count, true);
 }
 
+namespace {
+
+// The touched bytes of the blocks the arena keeps whole.
+size_t stash_dirty_bytes(const SpanArena& a) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < a.stash_count; ++i) bytes += a.stash[i]->dirty_bytes;
+  return bytes;
+}
+
+// The pages of `chunk` in blocks the arena keeps whole.
+size_t stashed_pages(const SpanArena& a, const SpanChunk* chunk) {
+  size_t pages = 0;
+  for (size_t i = 0; i < a.stash_count; ++i)
+    if (chunk_of(a.stash[i]) == chunk) pages += a.stash[i]->reserve_bytes >> kSpanPageShift;
+  return pages;
+}
+
+}  // namespace
+
 // What the pool may take (give_empty_chunk):
 // the empty chunks that hold resident pages, for a segment it would map; and for units that
 // would fault in, the same only from arenas whose live bytes shrank to half their recent high
@@ -119,23 +138,17 @@ void span_publish(SpanArena& a) {
     }
   }
   TRAY_ASSERT(dirty == a.dirty_chunks && empty == a.empty_dirty_chunks);
-  // The kept blocks' counts add up, and no chunk is held by kept blocks alone.
-  size_t stash_dirty = 0;
+  // No chunk is held by kept blocks alone.
+  TRAY_ASSERT(a.stash_count <= kSpanStashBlocks);
   for (size_t i = 0; i < a.stash_count; ++i) {
     const SpanChunk* c = chunk_of(a.stash[i]);
-    size_t kept_pages = 0;
-    for (size_t j = 0; j < a.stash_count; ++j)
-      if (chunk_of(a.stash[j]) == c) kept_pages += a.stash[j]->reserve_bytes >> kSpanPageShift;
-    TRAY_ASSERT(kept_pages == c->stashed_pages &&
-                c->free_pages + c->stashed_pages + c->claimed_pages < kSpanChunkPages - 1);
-    stash_dirty += a.stash[i]->dirty_bytes;
+    TRAY_ASSERT(c->free_pages + stashed_pages(a, c) + c->claimed_pages < kSpanChunkPages - 1);
   }
-  TRAY_ASSERT(stash_dirty == a.stash_dirty_bytes && a.stash_count <= kSpanStashBlocks);
   span_index_check(a.index, a.chunks);
 #endif
   a.dirty_chunks_seen.store(a.dirty_chunks + a.stash_count, std::memory_order_relaxed);
   // Blocks kept whole are freed memory kept resident for reuse, as free runs are.
-  a.dirty_seen.store(a.dirty_bytes + a.stash_dirty_bytes, std::memory_order_relaxed);
+  a.dirty_seen.store(a.dirty_bytes + stash_dirty_bytes(a), std::memory_order_relaxed);
   const bool shrunk = a.live_bytes <= a.peak_live_bytes.bytes() / 2;
   const size_t spare = shrunk ? a.empty_dirty_chunks : 0;
   if (a.offered_empty.load(std::memory_order_relaxed) == a.empty_dirty_chunks &&
@@ -234,8 +247,6 @@ LargeHeader* unstash(SpanArena& a, size_t i) {
   LargeHeader* header = a.stash[i];
   for (size_t j = i; j + 1 < a.stash_count; ++j) a.stash[j] = a.stash[j + 1];
   --a.stash_count;
-  a.stash_dirty_bytes -= header->dirty_bytes;
-  chunk_of(header)->stashed_pages -= uint32_t(header->reserve_bytes >> kSpanPageShift);
   return header;
 }
 
@@ -271,7 +282,7 @@ bool stash(SpanArena& a, LargeHeader* header, uint64_t now) {
     give_block(header, now);
     return true;
   }
-  if (chunk->free_pages + chunk->stashed_pages + chunk->claimed_pages + pages == kSpanChunkPages - 1) {
+  if (chunk->free_pages + stashed_pages(a, chunk) + chunk->claimed_pages + pages == kSpanChunkPages - 1) {
     for (size_t i = a.stash_count; i-- > 0;)
       if (chunk_of(a.stash[i]) == chunk) give_block(unstash(a, i), now);
     give_block(header, now);
@@ -282,13 +293,11 @@ bool stash(SpanArena& a, LargeHeader* header, uint64_t now) {
     return true;
   }
   bool gave = false;
-  while (a.stash_count == kSpanStashBlocks || a.stash_dirty_bytes + header->dirty_bytes > kSpanStashDirtyBytes) {
+  while (a.stash_count == kSpanStashBlocks || stash_dirty_bytes(a) + header->dirty_bytes > kSpanStashDirtyBytes) {
     give_block(unstash(a, 0), now);
     gave = true;
   }
   a.stash[a.stash_count++] = header;
-  a.stash_dirty_bytes += header->dirty_bytes;
-  chunk->stashed_pages += uint32_t(pages);
   return gave;
 }
 

@@ -32,11 +32,11 @@ struct SpanArena {
   size_t dirty_chunks = 0;
   size_t empty_dirty_chunks = 0;
   SpanIndex index;
-  // Freed blocks kept whole (kSpanStashBlocks), oldest first, and their touched bytes: their
-  // pages stay taken, counted live and resident, until stash_flush gives them back.
+  // Freed blocks kept whole (kSpanStashBlocks), oldest first: their pages stay taken, counted
+  // live and resident, until span_stash_flush gives them back. So few that their touched
+  // bytes and each chunk's share are summed when needed rather than counted.
   LargeHeader* stash[kSpanStashBlocks] = {};
   size_t stash_count = 0;
-  size_t stash_dirty_bytes = 0;
   // What readers without the lock see (publish).
   std::atomic<size_t> dirty_seen{0};
   std::atomic<size_t> dirty_chunks_seen{0};

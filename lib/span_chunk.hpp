@@ -22,9 +22,8 @@ struct SpanChunk {
   uint64_t freed_ms;  // the last free into it
   uint32_t slot;      // its entry in its arena's index
   uint32_t arena;     // the arena it belongs to (span.cpp) while it is a span chunk
-  // Of its used pages, those of freed blocks its arena keeps whole, and those of free runs a
-  // purge has claimed (span_purge.cpp): neither holds a live block.
-  uint32_t stashed_pages;
+  // Of its used pages, those of free runs a purge has claimed (span_purge.cpp): they hold no
+  // live block.
   uint32_t claimed_pages;
   uint16_t bin_runs[64];  // its free runs in each of the index's length bins
   uint64_t free_bits[kSpanBitWords];
