@@ -137,6 +137,9 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   if (alignment < kNaturalAlignment) alignment = kNaturalAlignment;
   // Before the sampling countdown: an impossible size would overflow it.
   if (size > kMaxRequestBytes) return out_of_memory();
+  // A thread whose first request is a large one gets its heap here: for the span blocks it
+  // keeps for itself (span_cache.hpp), and for the sampler.
+  if (TRAY_UNLIKELY(tls_own_heap == nullptr)) heap_attach_thread();
   if (Heap* heap = tls_own_heap; heap != nullptr) {
     if (void* sampled = sample_large(heap, size, alignment, zero); sampled != nullptr) return sampled;
   }

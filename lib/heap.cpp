@@ -14,6 +14,7 @@
 #include "remote.hpp"
 #include "sample.hpp"
 #include "segment.hpp"
+#include "span_cache.hpp"
 #include "sparse.hpp"
 #include "stats.hpp"
 #include "track.hpp"
@@ -280,6 +281,7 @@ Heap* heap_new_locked() {
   }
   Heap* heap = new (g_meta_cursor) Heap(&g_empty_page);
   g_meta_cursor += bytes;
+  span_cache_register(&heap->span_cache);
   count_add(g_totals.heaps_created, 1);
   heap->next_created = g_all_heaps.load(std::memory_order_relaxed);
   g_all_heaps.store(heap, std::memory_order_release);
@@ -440,7 +442,10 @@ Heap* heap_attach_thread() {
     }
   }
   tls_own_heap = heap;
-  if (!debug_mode()) tls_heap = heap;
+  if (!debug_mode()) {
+    tls_heap = heap;
+    span_cache_attach(&heap->span_cache);
+  }
   if (!tls_in_purger) count_add(g_totals.threads_attached, 1);
   if (!g_process_ready.load(std::memory_order_acquire)) process_setup();
   os::thread_key_set(g_exit_key, heap);
@@ -458,6 +463,7 @@ void heap_detach_thread(Heap* heap) {
   remote_flush(heap);
   remote_drain(heap);
   trim_parked_empty(heap);
+  if (tls_span_cache == &heap->span_cache) span_cache_attach(nullptr);
   if (tls_heap == heap) tls_heap = &g_empty_heap;
   if (tls_own_heap == heap) tls_own_heap = nullptr;
   // The purger stays while the program has a thread with a heap (purger.cpp): when the last

@@ -11,6 +11,7 @@
 #include "purger.hpp"
 #include "segment.hpp"
 #include "span.hpp"
+#include "span_cache.hpp"
 #include "stats.hpp"
 
 namespace tray {
@@ -350,8 +351,11 @@ void large_cache_usage(size_t* blocks, size_t* bytes) {
   size_t span_chunks;
   size_t span_bytes;
   span_dirty_usage(&span_chunks, &span_bytes);
-  *blocks = g_cache_used_seen.load(std::memory_order_relaxed) + span_chunks;
-  *bytes = g_cache_bytes_seen.load(std::memory_order_relaxed) + span_bytes;
+  size_t kept_blocks;
+  size_t kept_bytes;
+  span_cache_usage(&kept_blocks, &kept_bytes);
+  *blocks = g_cache_used_seen.load(std::memory_order_relaxed) + span_chunks + kept_blocks;
+  *bytes = g_cache_bytes_seen.load(std::memory_order_relaxed) + span_bytes + kept_bytes;
 }
 
 void large_lock_for_fork() {

@@ -83,6 +83,13 @@ void span_mark_free(SpanChunk* chunk, size_t first, size_t count);
 void span_publish(SpanArena& a);
 // Gives every block the arena keeps whole (SpanArena::stash) back to its chunk, at `now_ms`.
 void span_stash_flush(SpanArena& a, uint64_t now_ms);
+// A freed block to its chunk's arena (not locked), which keeps it whole or gives its pages back.
+void span_arena_free(LargeHeader* header, uint64_t now_ms);
+
+// A block kept whole, of run `pages`, serves a request of `want` pages (a rounded length) if it
+// is at most one rounding step longer: what it holds past the request is what a run of the next
+// length would have held anyway.
+inline bool span_run_fits(size_t pages, size_t want) { return pages >= want && pages <= want + want / 8; }
 
 // --- span_purge.cpp ---
 

@@ -10,6 +10,7 @@
 #include "segment.hpp"
 #include "span.hpp"
 #include "span_arena.hpp"
+#include "span_cache.hpp"
 #include "stats.hpp"
 
 namespace tray {
@@ -170,7 +171,17 @@ bool unmap_empty_chunks(SpanArena& a, Expired expired) {
 
 }  // namespace
 
+void span_stash_flush_all() {
+  const uint64_t now = os::now_ms();
+  for (SpanArena& a : g_span_arenas) {
+    os::LockGuard guard(a.lock);
+    span_stash_flush(a, now);
+    span_publish(a);
+  }
+}
+
 bool span_trim() {
+  span_cache_flush_all();
   span_stash_flush_all();
   bool any = false;
   for (SpanArena& a : g_span_arenas) {
@@ -185,7 +196,8 @@ bool span_trim() {
 uint64_t span_purge_expired(uint64_t now_ms) {
   // A free may come after now_ms was read: it is not due.
   const auto expired = [now_ms](const SpanChunk* c) { return now_ms >= c->freed_ms + kSpanPurgeDelayMs; };
-  uint64_t due = kNeverMs;
+  // Threads' blocks first: what goes back joins the arenas' dirty pages, purged below.
+  uint64_t due = span_cache_expire(now_ms);
   for (SpanArena& a : g_span_arenas) {
     // Blocks kept whole for requests that have stopped go back to their chunks, and with the
     // limit at zero their pages go to the OS below.

@@ -155,6 +155,22 @@ inline uint8_t remote_bucket_of(const Heap* owner) {
   return uint8_t(key >> (64 - kRemoteBucketShift));
 }
 
+// The span blocks one thread freed and keeps for its own next requests (span_cache.cpp). Only
+// the owner puts a block in; the owner, to use it, and the purger or a trim, to give it back,
+// take one out atomically (the owner with a compare-and-swap, the others with an exchange), so
+// a block in a slot belongs to whichever took it.
+struct alignas(kCacheLineBytes) SpanCache {
+  // A kept block: its header's address, with its run's pages in the low 12 bits (the header is
+  // page-aligned) and its touched pages from bit 48 (user addresses stay under 2^47); 0: none.
+  std::atomic<uint64_t> slots[kSpanCacheBlocks] = {};
+  // The owner's last span request (written by it alone): once kSpanIdleMs have passed, the
+  // purger gives its blocks back.
+  std::atomic<uint64_t> last_request_ms{0};
+  uint32_t put_serial[kSpanCacheBlocks] = {};  // owner: when each slot was filled, in puts
+  uint32_t puts = 0;                     // owner
+  SpanCache* next_registered = nullptr;  // every heap's cache, newest first; never unlinked
+};
+
 struct Heap {
   explicit constexpr Heap(Page* empty_page) {
     for (auto& page : direct) page = empty_page;
@@ -203,6 +219,7 @@ struct Heap {
   // Where this heap's thread counts pages when it looks at an idle owner's stack (remote.cpp):
   // mapped at its first look; too big for a thread's stack inside malloc.
   ReclaimTable* reclaim_table = nullptr;
+  SpanCache span_cache;
 };
 
 inline constexpr uint32_t kLargeMagic = 0x4C415247;  // "LARG"

@@ -155,6 +155,14 @@ inline constexpr uint64_t kSpanIdleMs = 50;
 // their chunks when the arena needs the room, and when span requests stop (kSpanIdleMs).
 inline constexpr size_t kSpanStashBlocks = 4;
 inline constexpr size_t kSpanStashDirtyBytes = size_t{2} << 20;
+// Each thread keeps up to this many of the span blocks it freed, of runs up to
+// kSpanCacheMaxRunBytes and at most kSpanCacheDirtyBytes of them touched, for its own next
+// requests, taken with no lock (span_cache.cpp). Threads that each replace blocks of hundreds
+// of KiB otherwise take turns at an arena's lock for every one. Given back when the thread
+// stops asking for spans for kSpanIdleMs (the purger), ends, or trims.
+inline constexpr size_t kSpanCacheBlocks = 4;
+inline constexpr size_t kSpanCacheMaxRunBytes = size_t{1} << 20;
+inline constexpr size_t kSpanCacheDirtyBytes = size_t{2} << 20;
 // Free runs of span chunks that one holder of an arena's lock claims for purging: madvise runs
 // after it lets go (as kPoolPurgeClaimsPerRound for the pool).
 inline constexpr size_t kSpanPurgeClaimsPerRound = 16;

@@ -19,6 +19,7 @@
 
 #include "core/config.hpp"
 #include "span.hpp"
+#include "span_cache.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
 
@@ -84,13 +85,22 @@ TEST(SpanRunPages, NineLengthsPerDoublingAndPowersOfTwoExact) {
   }
 }
 
+// The test's thread keeps no span blocks of its own (span_cache_test.cpp tests those): what it
+// frees goes to the arenas, whose placement these tests check.
 class Span : public ::testing::Test {
  protected:
   void SetUp() override {
     // Spans are cut from the OS page; where it is not 4 KiB every large block is a mapping.
     if (::sysconf(_SC_PAGESIZE) != 4096) GTEST_SKIP() << "spans need 4 KiB pages";
+    tray_free(tray_malloc(1));  // the thread's heap, and with it its cache
+    own_cache_ = tray::tls_span_cache;
+    tray::span_cache_attach(nullptr);
     tray_trim();
   }
+  void TearDown() override { tray::span_cache_attach(own_cache_); }
+
+ private:
+  tray::SpanCache* own_cache_ = nullptr;
 };
 
 TEST_F(Span, AFreedRunIsReusedAndBlocksShareAChunk) {
