@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "alloc.hpp"
+#include "core/assert.hpp"
 #include "debug.hpp"
 #include "guard.hpp"
 #include "large.hpp"
@@ -125,15 +126,10 @@ void free_slow(void* p, Page* page, Heap* self) noexcept {
   free_unusual(p);
 }
 
-void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
-  if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
-  if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) {
-    // Only alloc() comes here with a small size, after its pop failed: popping again would
-    // charge the sampling countdown twice for one request.
-    void* p = heap_malloc_slow(tls_heap, size_class_of(size), size);
-    if (zero && p != nullptr) zero_fill(p, size);
-    return p;
-  }
+namespace {
+
+// Large requests, and small ones whose alignment no class gives.
+TRAY_NOINLINE void* alloc_large_slow(size_t size, size_t alignment, bool zero) {
   if (alignment < kNaturalAlignment) alignment = kNaturalAlignment;
   // Before the sampling countdown: an impossible size would overflow it.
   if (size > kMaxRequestBytes) return out_of_memory();
@@ -153,6 +149,22 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   purger_expect();
   purger_poll();
   return p;
+}
+
+}  // namespace
+
+// Only alloc() comes here with a small size and natural alignment, after its pop failed
+// (popping again would charge the sampling countdown twice for one request); calloc and
+// aligned requests that a class serves never do. Both cases leave by tail calls: a page
+// switch, a slow path every few allocations where pages hold few free blocks, went through
+// three frames that each saved and restored registers.
+void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
+  if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
+  if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) {
+    TRAY_ASSERT(!zero);
+    return heap_malloc_slow(tls_heap, size_class_of(size), size);
+  }
+  return alloc_large_slow(size, alignment, zero);
 }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {

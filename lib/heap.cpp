@@ -325,19 +325,42 @@ void process_setup() {
 
 }  // namespace
 
-void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
-  if (TRAY_UNLIKELY(heap == &g_empty_heap)) {
-    heap = heap_attach_thread();
-    if (heap == nullptr) {
-      errno = ENOMEM;
-      return nullptr;
-    }
+namespace {
+
+// The thread's first allocation: a heap first.
+TRAY_NOINLINE void* first_malloc_slow(unsigned size_class, size_t size) {
+  Heap* heap = heap_attach_thread();
+  if (heap == nullptr) {
+    errno = ENOMEM;
+    return nullptr;
   }
+  return heap_malloc_slow(heap, size_class, size);
+}
+
+// Not in heap_refill_pop, which prof calls under its lock: the purger's start allocates.
+// Before the refill, so that the refill is a tail call: the heap is consistent and no lock is
+// held here as after it.
+TRAY_INLINE void* poll_and_refill(Heap* heap, unsigned size_class) {
+  purger_poll();
+  return heap_refill_pop(heap, size_class);
+}
+
+// A request the samplers have a say in (sample_small_quiet), apart: inline, the calls it may
+// make had every slow path save and restore five registers.
+TRAY_NOINLINE void* sampled_malloc_slow(Heap* heap, unsigned size_class, size_t size) {
   if (void* sampled = sample_small_slow(heap, size_class, size); sampled != nullptr) return sampled;
-  void* block = heap_refill_pop(heap, size_class);
-  // Not in heap_refill_pop, which prof calls under its lock: the purger's start allocates.
-  purger_poll();  // the heap is consistent again and no lock is held
-  return block;
+  return poll_and_refill(heap, size_class);
+}
+
+}  // namespace
+
+// A page switch, every few allocations where pages hold few free blocks (rptest), went through
+// three frames; now alloc_slow and this one reach heap_refill_pop by tail calls.
+void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
+  if (TRAY_UNLIKELY(heap == &g_empty_heap)) return first_malloc_slow(size_class, size);
+  if (TRAY_UNLIKELY(!sample_small_quiet(heap, size_class, size)))
+    return sampled_malloc_slow(heap, size_class, size);
+  return poll_and_refill(heap, size_class);
 }
 
 void* heap_refill_pop(Heap* heap, unsigned size_class) noexcept {

@@ -65,6 +65,18 @@ TRAY_INLINE void* sample_after_countdown(Heap* heap, unsigned stream, size_t siz
   return fired != 0 ? sample_alloc(fired, size, alignment, zero) : nullptr;
 }
 
+// sample_small_slow's common case, in a few instructions and no call: no sampler re-armed
+// since the heap was, the request not counted yet (the class had no block ready), and not the
+// one to sample. Counts it and returns true; false, with nothing changed, for the rest.
+TRAY_INLINE bool sample_small_quiet(Heap* heap, unsigned size_class, size_t size) {
+  int64_t& countdown = heap->sample_countdown[size_class];
+  if (heap->sampling.generation != g_sample_generation.load(std::memory_order_relaxed) ||
+      countdown < int64_t(size))
+    return false;
+  countdown -= int64_t(size);
+  return true;
+}
+
 // The small-allocation slow path, before it allocates: either the fast path found the
 // countdown run out (it is below zero, and counts this request already) or the class had no
 // block ready (the request is not counted yet). A sampled block, or nullptr.
