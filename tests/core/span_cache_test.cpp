@@ -3,8 +3,10 @@
 // go back to their arenas when the thread ends, trims, or stops asking for spans; and taking
 // them back races safely with the owner.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -157,6 +159,44 @@ TEST_F(SpanCache, ADoubleFreeOfAKeptBlockHandsItOutOnce) {
   EXPECT_TRUE(tray_test::sequence_intact(a, 300 * kKiB, 2));
   tray_free(a);
   tray_free(b);
+}
+
+// After a fork the child holds what the parent's threads kept: the forking thread's blocks,
+// which it takes again, and those of a thread that does not exist in the child, which its trim
+// gives back like any other.
+TEST_F(SpanCache, AForkedChildUsesAndGivesBackWhatThreadsKept) {
+  std::atomic<int> stage{0};
+  // It keeps asking, so that the purger leaves its block with it until the fork.
+  std::thread other([&] {
+    while (stage.load() != 2) {
+      tray_free(alloc_filled(600 * kKiB, 2));
+      stage.store(std::max(stage.load(), 1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  while (stage.load() != 1) std::this_thread::yield();
+  char* mine = alloc_filled(300 * kKiB, 1);
+  ASSERT_NE(mine, nullptr);
+  tray_free(mine);
+  const pid_t pid = ::fork();
+  ASSERT_NE(pid, -1);
+  if (pid == 0) {
+    // The child: exit codes only.
+    char* again = alloc_filled(300 * kKiB, 3);
+    if (again != mine) ::_exit(1);
+    tray_free(again);
+    tray_trim();
+    if (blocks_kept_by_threads() != 0) ::_exit(2);
+    char* big = alloc_filled(600 * kKiB, 4);
+    if (big == nullptr || !tray_test::sequence_intact(big, 600 * kKiB, 4)) ::_exit(3);
+    tray_free(big);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  stage.store(2);
+  other.join();
 }
 
 // Threads replace blocks while another trims over and over: a block the trim takes back is
