@@ -35,9 +35,10 @@ __thread uint32_t tls_arena = 0;  // the arena the thread allocated from last
 // allocate spans at once keeps them in one arena, where each free run serves any thread (a
 // thread given an arena of its own at its start spread mstress's short-lived threads over four
 // arenas: 55 -> 87 MiB peak RSS).
-SpanArena& lock_thread_arena() {
+SpanArena& lock_thread_arena(uint64_t now) {
   SpanArena& own = g_span_arenas[tls_arena];
   if (TRAY_LIKELY(own.lock.try_lock())) return own;
+  span_cache_contended(now);
   for (uint32_t step = 1; step < kSpanArenaCount; ++step) {
     const uint32_t next = uint32_t((tls_arena + step) % kSpanArenaCount);
     if (g_span_arenas[next].lock.try_lock()) {
@@ -474,7 +475,7 @@ LargeHeader* span_alloc(size_t used_bytes) {
   const uint64_t now = os::now_ms();
   if (LargeHeader* kept = span_cache_take(span_run_pages(need), now); kept != nullptr) return kept;
   Placement at;
-  SpanArena& own = lock_thread_arena();
+  SpanArena& own = lock_thread_arena(now);
   own.last_alloc_ms = std::max(own.last_alloc_ms, now);
   const bool placed = place(own, need, &at);
   own.lock.unlock();
@@ -526,11 +527,13 @@ void span_free(LargeHeader* header) {
 void span_arena_free(LargeHeader* header, uint64_t now) {
   SpanArena& a = span_arena_of(chunk_of(header));
   SpanClaims claims;
-  {
-    os::LockGuard guard(a.lock);
-    if (stash(a, header, now)) span_claim_over_limit(a, &claims, now);
-    span_publish(a);
+  if (!a.lock.try_lock()) {
+    span_cache_contended(now);
+    a.lock.lock();
   }
+  if (stash(a, header, now)) span_claim_over_limit(a, &claims, now);
+  span_publish(a);
+  a.lock.unlock();
   span_purge_and_finish(a, &claims);
   // Kept whole or given back, it is memory to give to the OS once requests stop.
   purger_notify();

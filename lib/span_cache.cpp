@@ -95,13 +95,25 @@ LargeHeader* span_cache_take(size_t run_pages, uint64_t now_ms) {
   return header;
 }
 
+void span_cache_contended(uint64_t now_ms) {
+  SpanCache* cache = tls_span_cache;
+  if (cache == nullptr) return;
+  if (now_ms >= cache->contention_since_ms + kSpanCacheContendedMs) {
+    cache->contention_since_ms = now_ms;
+    cache->contentions = 0;
+  }
+  if (++cache->contentions >= kSpanCacheContentions) cache->contended_ms = now_ms;
+}
+
 bool span_cache_put(LargeHeader* header, uint64_t now_ms) {
   SpanCache* cache = tls_span_cache;
   if (cache == nullptr) return false;
   const uint64_t word = word_of(header);
   if (word == 0) return false;
-  // Requests stopped: nothing is kept for them, and what was kept goes back.
-  if (now_ms >= cache->last_request_ms.load(std::memory_order_relaxed) + kSpanIdleMs) {
+  // Requests stopped, or the arenas serve them without a wait: nothing is kept for them, and
+  // what was kept goes back.
+  if (now_ms >= cache->last_request_ms.load(std::memory_order_relaxed) + kSpanIdleMs ||
+      cache->contended_ms == 0 || now_ms >= cache->contended_ms + kSpanCacheContendedMs) {
     flush(*cache, now_ms);
     return false;
   }

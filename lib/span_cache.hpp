@@ -23,9 +23,13 @@ void span_cache_attach(SpanCache* cache);
 // A kept block of the calling thread's that a run of `run_pages` may be (see span_run_fits),
 // taken out; nullptr if none. Notes the request for kSpanIdleMs.
 LargeHeader* span_cache_take(size_t run_pages, uint64_t now_ms);
+// The calling thread found an arena's lock held. Often enough (kSpanCacheContentions within
+// kSpanCacheContendedMs), and it keeps blocks for the next kSpanCacheContendedMs.
+void span_cache_contended(uint64_t now_ms);
 // Keeps a freed block in the calling thread's cache, giving the oldest back to its arena to
 // make room; false, and nothing done, if the block is not one to keep (too long or too
-// touched, no cache, or no span requested for kSpanIdleMs).
+// touched, no cache, no span requested for kSpanIdleMs, or no other thread met at an arena's
+// lock for kSpanCacheContendedMs).
 bool span_cache_put(LargeHeader* header, uint64_t now_ms);
 // Every thread's kept blocks back to their arenas (trim).
 void span_cache_flush_all();

@@ -166,6 +166,11 @@ struct alignas(kCacheLineBytes) SpanCache {
   // The owner's last span request (written by it alone): once kSpanIdleMs have passed, the
   // purger gives its blocks back.
   std::atomic<uint64_t> last_request_ms{0};
+  // owner: when it last found arenas' locks held often enough to keep blocks (0: never), and
+  // how many times it found one held since contention_since_ms (span_cache_contended).
+  uint64_t contended_ms = 0;
+  uint64_t contention_since_ms = 0;
+  uint32_t contentions = 0;
   uint32_t put_serial[kSpanCacheBlocks] = {};  // owner: when each slot was filled, in puts
   uint32_t puts = 0;                     // owner
   SpanCache* next_registered = nullptr;  // every heap's cache, newest first; never unlinked

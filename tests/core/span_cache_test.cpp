@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "platform/os.hpp"
 #include "span_cache.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
@@ -32,6 +33,14 @@ char* alloc_filled(size_t size, uint8_t seed) {
   return p;
 }
 
+// Threads keep blocks only while they meet others at the arenas' locks: the calling thread
+// reports having met them as often as that takes, as a thread in a busy program would. Its
+// heap first, which holds its cache.
+void meet_other_threads() {
+  tray_free(tray_malloc(1));
+  for (uint32_t i = 0; i < tray::kSpanCacheContentions; ++i) tray::span_cache_contended(tray::os::now_ms());
+}
+
 size_t blocks_kept_by_threads() {
   size_t blocks;
   size_t bytes;
@@ -44,8 +53,26 @@ class SpanCache : public ::testing::Test {
   void SetUp() override {
     if (::sysconf(_SC_PAGESIZE) != 4096) GTEST_SKIP() << "spans need 4 KiB pages";
     tray_trim();
+    meet_other_threads();
   }
 };
+
+// A thread that has not met others at the arenas lately keeps nothing: the arenas serve it
+// without a wait, and blocks kept apart would only add to the program's peak.
+TEST_F(SpanCache, AThreadThatMeetsNoOtherKeepsNothing) {
+  std::thread([] {
+    char* p = alloc_filled(300 * kKiB, 1);
+    tray_free(p);
+    EXPECT_EQ(blocks_kept_by_threads(), 0u) << "kept with no other thread met";
+    for (uint32_t i = 0; i + 1 < tray::kSpanCacheContentions; ++i)
+      tray::span_cache_contended(tray::os::now_ms());
+    tray_free(alloc_filled(300 * kKiB, 2));
+    EXPECT_EQ(blocks_kept_by_threads(), 0u) << "kept after too few meetings";
+    tray::span_cache_contended(tray::os::now_ms());
+    tray_free(alloc_filled(300 * kKiB, 3));
+    EXPECT_EQ(blocks_kept_by_threads(), 1u) << "not kept once it meets others often";
+  }).join();
+}
 
 // A block freed by a thread is its own next block of about that length, and only its: another
 // thread asking for the same length meanwhile gets another block.
@@ -110,6 +137,7 @@ TEST_F(SpanCache, AThreadKeepsAFewBlocksOfUpToAMegabyte) {
 TEST_F(SpanCache, AThreadThatEndsGivesItsBlocksBack) {
   char* freed = nullptr;
   std::thread([&] {
+    meet_other_threads();
     freed = alloc_filled(300 * kKiB, 1);
     tray_free(freed);
     EXPECT_EQ(blocks_kept_by_threads(), 1u);
@@ -127,6 +155,7 @@ TEST_F(SpanCache, AThreadThatStopsAskingKeepsNothingOnceItsRequestsStop) {
   std::atomic<bool> freed{false};
   std::atomic<bool> done{false};
   std::thread idle([&] {
+    meet_other_threads();
     char* a = alloc_filled(300 * kKiB, 1);
     char* b = alloc_filled(300 * kKiB, 2);
     tray_free(a);
@@ -168,6 +197,7 @@ TEST_F(SpanCache, AForkedChildUsesAndGivesBackWhatThreadsKept) {
   std::atomic<int> stage{0};
   // It keeps asking, so that the purger leaves its block with it until the fork.
   std::thread other([&] {
+    meet_other_threads();
     while (stage.load() != 2) {
       tray_free(alloc_filled(600 * kKiB, 2));
       stage.store(std::max(stage.load(), 1));
@@ -175,6 +205,7 @@ TEST_F(SpanCache, AForkedChildUsesAndGivesBackWhatThreadsKept) {
     }
   });
   while (stage.load() != 1) std::this_thread::yield();
+  meet_other_threads();  // however long the other thread took to start
   char* mine = alloc_filled(300 * kKiB, 1);
   ASSERT_NE(mine, nullptr);
   tray_free(mine);
@@ -210,6 +241,7 @@ TEST_F(SpanCache, TrimsBesideThreadsReplacingBlocksHandEachOutOnce) {
   std::atomic<int> bad{0};
   std::atomic<int> running{kThreads};
   auto work = [&](int self) {
+    meet_other_threads();
     uint32_t seed = uint32_t(self) * 7919 + 1;
     std::vector<std::pair<char*, uint8_t>> mine(8, {nullptr, 0});
     for (int step = 0; step < kSteps; ++step) {
