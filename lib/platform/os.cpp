@@ -669,20 +669,24 @@ void Mutex::lock_contended() {
     if (state_.load(std::memory_order_relaxed) == 0 && try_lock()) return;
   }
   const int saved = errno;
-  while (state_.exchange(2, std::memory_order_acquire) != 0)
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state_), FUTEX_WAIT_PRIVATE, 2, nullptr, nullptr, 0);
+  while (state_.exchange(2, std::memory_order_acquire) != 0) wait_on(state_, 2, 0);
   errno = saved;
 }
+
+namespace {
+
+void wake(std::atomic<uint32_t>& word, int count) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, count, nullptr, nullptr, 0);
+}
+
+}  // namespace
 
 void Mutex::wake_one_waiter() {
   const int saved = errno;
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  wake(state_, 1);
   errno = saved;
 }
 
-void wake_all(std::atomic<uint32_t>& word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
-          nullptr, 0);
-}
+void wake_all(std::atomic<uint32_t>& word) { wake(word, INT32_MAX); }
 
 }  // namespace tray::os
