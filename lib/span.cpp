@@ -259,9 +259,9 @@ LargeHeader* unstash(SpanArena& a, size_t i) {
 // Through the index it took a run the rounding had made of that one and its neighbours, on a
 // first page that another block may never have written, a page fault for every block of a
 // program that writes little of them (large_slots: 0.088 -> 0.056 s, peak RSS 73 -> 46 MiB).
-// Which kept block serves which request: span_run_fits.
 
-// The newest kept block that fits a run of `want` pages, taken out; nullptr if none (lock held).
+// The newest kept block that fits a run of `want` pages (span_run_fits), taken out; nullptr if
+// none (lock held).
 LargeHeader* take_stashed(SpanArena& a, size_t want) {
   for (size_t i = a.stash_count; i-- > 0;)
     if (span_run_fits(a.stash[i]->reserve_bytes >> kSpanPageShift, want)) return unstash(a, i);
