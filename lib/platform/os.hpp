@@ -1,5 +1,6 @@
 // The platform layer: every call into the operating system made by the allocator goes
-// through here, so the rest of lib/ is portable C++ and a port touches one file.
+// through here (os.cpp and os_process.cpp), so the rest of lib/ is portable C++ and a port
+// touches this folder only.
 // Nothing here allocates.
 #pragma once
 

@@ -1,0 +1,263 @@
+// The platform layer's process side (os.hpp): signals, backtraces and the symbols of code
+// addresses, the fault hook, threads with their keys and fork hooks, and futex locks. Memory,
+// time, randomness and files are in os.cpp.
+#include "platform/os.hpp"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "core/config.hpp"
+#include "platform/unwind.hpp"
+
+// Weak: a static executable then links without the C library's unwinder (and its dlopen),
+// and simply prints no backtrace.
+extern "C" int backtrace(void** frames, int count) __attribute__((weak));
+extern "C" void backtrace_symbols_fd(void* const* frames, int count, int fd)
+    __attribute__((weak));
+
+namespace tray::os {
+
+void abort_process() { abort(); }
+
+int signal_number(const char* name, size_t length) {
+  if (length > 3 && memcmp(name, "SIG", 3) == 0) {
+    name += 3;
+    length -= 3;
+  }
+  if (length == 0 || length > 8) return 0;
+  if (name[0] >= '0' && name[0] <= '9') {
+    int number = 0;
+    for (size_t i = 0; i < length; ++i) {
+      if (name[i] < '0' || name[i] > '9') return 0;
+      number = number * 10 + (name[i] - '0');
+    }
+    return number > 0 && number < NSIG ? number : 0;
+  }
+  // Signals a program can spare for a dump; the others have jobs of their own.
+  static constexpr struct {
+    const char* name;
+    int number;
+  } kNames[] = {{"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP},   {"INT", SIGINT},
+                {"QUIT", SIGQUIT}, {"TERM", SIGTERM}, {"WINCH", SIGWINCH}, {"PROF", SIGPROF},
+                {"URG", SIGURG},   {"TTIN", SIGTTIN}, {"TTOU", SIGTTOU},   {"PWR", SIGPWR}};
+  for (const auto& entry : kNames)
+    if (strlen(entry.name) == length && memcmp(entry.name, name, length) == 0) return entry.number;
+  return 0;
+}
+
+bool set_signal_handler(int signo, void (*handler)(int)) {
+  struct sigaction action;
+  memset(&action, 0, sizeof action);
+  action.sa_handler = handler;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  return sigaction(signo, &action, nullptr) == 0;
+}
+
+namespace {
+std::atomic<bool> g_backtrace_ready{false};
+// The executable segments of the shared object holding this code ([start, end) pairs); none
+// when the allocator is linked into the program.
+constexpr int kOwnRangesMax = 4;
+uintptr_t g_own_ranges[kOwnRangesMax][2];
+int g_own_range_count = 0;
+
+int find_own_ranges(dl_phdr_info* info, size_t, void*) {
+  const auto self = reinterpret_cast<uintptr_t>(&prepare_backtrace);
+  int count = 0;
+  bool contains_self = false;
+  for (int i = 0; i < info->dlpi_phnum && count < kOwnRangesMax; ++i) {
+    const ElfW(Phdr)& header = info->dlpi_phdr[i];
+    if (header.p_type != PT_LOAD || (header.p_flags & PF_X) == 0) continue;
+    const uintptr_t start = info->dlpi_addr + header.p_vaddr;
+    g_own_ranges[count][0] = start;
+    g_own_ranges[count][1] = start + header.p_memsz;
+    contains_self |= self >= start && self < start + header.p_memsz;
+    ++count;
+  }
+  if (!contains_self) return 0;
+  // The main program has no name: its frames are the ones a profile is about.
+  g_own_range_count = info->dlpi_name != nullptr && info->dlpi_name[0] != '\0' ? count : 0;
+  return 1;
+}
+
+bool in_own_code(const void* address) {
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  for (int i = 0; i < g_own_range_count; ++i)
+    if (a >= g_own_ranges[i][0] && a < g_own_ranges[i][1]) return true;
+  return false;
+}
+}  // namespace
+
+void prepare_backtrace() {
+  if (backtrace == nullptr || g_backtrace_ready.load(std::memory_order_relaxed)) return;
+  void* frame[1];
+  backtrace(frame, 1);
+  dl_iterate_phdr(find_own_ranges, nullptr);
+  g_backtrace_ready.store(true, std::memory_order_release);
+}
+
+int capture_stack(void** frames, int capacity) {
+  if (!g_backtrace_ready.load(std::memory_order_acquire)) return 0;
+  // Room for the allocator's own frames on top of the ones kept.
+  constexpr int kOwnFramesMax = 8;
+  void* raw[128];
+  const int wanted = capacity + kOwnFramesMax < 128 ? capacity + kOwnFramesMax : 128;
+  int count = unwind_stack(raw, wanted);
+  if (count < 0) count = backtrace(raw, wanted);
+  int first = 0;
+  while (first < count && in_own_code(raw[first])) ++first;
+  int kept = 0;
+  for (int i = first; i < count && kept < capacity; ++i) frames[kept++] = raw[i];
+  return kept;
+}
+
+const char* symbol_of(const void* address, uintptr_t* offset, const char** file) {
+  Dl_info info;
+  if (dladdr(address, &info) == 0) {
+    *file = nullptr;
+    return nullptr;
+  }
+  *file = info.dli_fname;
+  if (info.dli_sname == nullptr) return nullptr;
+  *offset = reinterpret_cast<uintptr_t>(address) - reinterpret_cast<uintptr_t>(info.dli_saddr);
+  return info.dli_sname;
+}
+
+void write_backtrace(int fd) {
+  if (!g_backtrace_ready.load(std::memory_order_acquire) || backtrace_symbols_fd == nullptr) return;
+  void* frames[32];
+  const int count = backtrace(frames, 32);
+  // Frame 0 is this function; the caller's frames are the report's own and stay useful.
+  if (count > 1) backtrace_symbols_fd(frames + 1, count - 1, fd);
+}
+
+void write_frames(int fd, void* const* frames, int count) {
+  if (backtrace_symbols_fd != nullptr && count > 0) backtrace_symbols_fd(frames, count, fd);
+}
+
+namespace {
+void (*g_fault_hook)(void*) = nullptr;
+struct sigaction g_previous_fault_action;
+
+void on_fault(int signo, siginfo_t* info, void* context) {
+  const int saved = errno;
+  g_fault_hook(info->si_addr);
+  errno = saved;
+  const struct sigaction& previous = g_previous_fault_action;
+  if ((previous.sa_flags & SA_SIGINFO) != 0) {
+    if (previous.sa_sigaction != nullptr) previous.sa_sigaction(signo, info, context);
+    return;
+  }
+  if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+    previous.sa_handler(signo);
+    return;
+  }
+  // The default action, as if we had never been here. A real fault runs its instruction again
+  // on return and meets SIG_DFL; a SIGSEGV sent with kill() would not, so it is sent again (it
+  // stays blocked until this handler returns). SIG_IGN cannot stop a real fault either.
+  struct sigaction fallback;
+  memset(&fallback, 0, sizeof fallback);
+  fallback.sa_handler = SIG_DFL;
+  sigemptyset(&fallback.sa_mask);
+  sigaction(signo, &fallback, nullptr);
+  raise(signo);
+}
+}  // namespace
+
+bool set_fault_hook(void (*hook)(void* address)) {
+  if (g_fault_hook != nullptr) return true;
+  g_fault_hook = hook;
+  struct sigaction action;
+  memset(&action, 0, sizeof action);
+  action.sa_sigaction = on_fault;
+  // SA_ONSTACK: a program that handles stack overflows on an alternate stack keeps doing so.
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  return sigaction(SIGSEGV, &action, &g_previous_fault_action) == 0;
+}
+
+int thread_key_create(pthread_key_t* key, void (*destructor)(void*)) {
+  return pthread_key_create(key, destructor);
+}
+
+void thread_key_set(pthread_key_t key, const void* value) { pthread_setspecific(key, value); }
+
+int register_atfork(void (*prepare)(), void (*parent)(), void (*child)()) {
+  return pthread_atfork(prepare, parent, child);
+}
+
+namespace {
+
+void* thread_entry(void* body) {
+  reinterpret_cast<void (*)()>(body)();
+  return nullptr;
+}
+
+}  // namespace
+
+bool start_thread(void (*body)()) {
+  pthread_attr_t attr;
+  if (pthread_attr_init(&attr) != 0) return false;
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  // Small: the thread only walks the allocator's lists and formats into stack buffers.
+  pthread_attr_setstacksize(&attr, size_t{256} << 10);
+  sigset_t all, previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  pthread_t thread;
+  const bool started =
+      pthread_create(&thread, &attr, thread_entry, reinterpret_cast<void*>(body)) == 0;
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  pthread_attr_destroy(&attr);
+  return started;
+}
+
+void wait_on(std::atomic<uint32_t>& word, uint32_t expected, uint64_t timeout_ms) {
+  timespec timeout{time_t(timeout_ms / 1000), long(timeout_ms % 1000) * 1000000};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
+          timeout_ms == 0 ? nullptr : &timeout, nullptr, 0);
+}
+
+// Spins while the holder is likely still running, then marks the lock as having a sleeper and
+// sleeps until the holder's unlock wakes one. errno is the program's: a futex call that finds
+// the word changed fails with EAGAIN, inside malloc and free.
+void Mutex::lock_contended() {
+  for (int spin = 0; spin < kMutexSpins; ++spin) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    if (state_.load(std::memory_order_relaxed) == 0 && try_lock()) return;
+  }
+  const int saved = errno;
+  while (state_.exchange(2, std::memory_order_acquire) != 0) wait_on(state_, 2, 0);
+  errno = saved;
+}
+
+namespace {
+
+void wake(std::atomic<uint32_t>& word, int count) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, count, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+void Mutex::wake_one_waiter() {
+  const int saved = errno;
+  wake(state_, 1);
+  errno = saved;
+}
+
+void wake_all(std::atomic<uint32_t>& word) { wake(word, INT32_MAX); }
+
+}  // namespace tray::os
