@@ -85,6 +85,60 @@ TEST_F(Debug, ReallocMovesAndKeepsTheContents) {
   tray_free(q);
 }
 
+// A block past kDebugReallocMoveBytes changes size in place while it has room, and a move leaves
+// room for half as much again: a buffer grown 64 bytes per call from 8 KiB to 4 MiB moves about
+// 16 times, not 65,000 (each a copy of the whole buffer: a growing loop was quadratic), and
+// keeps every byte; what it gains in place reads the allocation fill.
+TEST_F(Debug, ReallocOfABigBlockGrowsInPlaceAndMovesAtEachHalfAgain) {
+  size_t size = 8 * tray_test::kKiB;
+  auto* p = static_cast<unsigned char*>(tray_malloc(size));
+  ASSERT_NE(p, nullptr);
+  tray_test::fill_sequence(p, size, 7);
+  int moves = 0;
+  int fills_checked = 0;
+  while (size < 4 * tray_test::kMiB) {
+    auto* q = static_cast<unsigned char*>(tray_realloc(p, size + 64));
+    ASSERT_NE(q, nullptr);
+    if (q != p) {
+      ++moves;
+    } else if (fills_checked++ < 1000) {
+      for (size_t offset = size; offset < size + 64; offset += 4)
+        ASSERT_EQ(word_at(q, offset), TRAY_ALLOC_PATTERN) << "offset " << offset;
+    }
+    std::memset(q + size, int(size / 64 % 251), 64);
+    p = q;
+    size += 64;
+    ASSERT_EQ(tray_usable_size(p), size);
+  }
+  EXPECT_LE(moves, 20);
+  EXPECT_GE(moves, 10) << "a growing buffer must still move now and then, for stale pointers to show";
+  EXPECT_TRUE(tray_test::sequence_intact(p, 8 * tray_test::kKiB, 7));
+  for (size_t offset = 8 * tray_test::kKiB; offset < size; offset += 64)
+    ASSERT_EQ(p[offset], offset / 64 % 251) << "offset " << offset;
+  tray_free(p);
+}
+
+// Up to kDebugReallocMoveBytes a realloc always moves, big block or small; a big block that
+// shrinks to less than half of itself moves too, and one that shrinks less stays, with the
+// bytes it gave up turned into canary.
+TEST_F(Debug, ReallocMovesSmallResultsAndDeepShrinks) {
+  auto* p = static_cast<char*>(tray_malloc(300000));
+  ASSERT_NE(p, nullptr);
+  tray_test::fill_sequence(p, 300000, 3);
+  auto* q = static_cast<char*>(tray_realloc(p, 250000));
+  ASSERT_EQ(q, p);
+  EXPECT_EQ(tray_usable_size(q), 250000u);
+  EXPECT_EQ(static_cast<unsigned char>(q[250000]), TRAY_CANARY_BYTE);
+  EXPECT_TRUE(tray_test::sequence_intact(q, 250000, 3));
+  auto* r = static_cast<char*>(tray_realloc(q, 100000));
+  ASSERT_NE(r, q);
+  EXPECT_TRUE(tray_test::sequence_intact(r, 100000, 3));
+  auto* s = static_cast<char*>(tray_realloc(r, tray::kDebugReallocMoveBytes));
+  ASSERT_NE(s, r);
+  EXPECT_TRUE(tray_test::sequence_intact(s, tray::kDebugReallocMoveBytes, 3));
+  tray_free(s);
+}
+
 TEST_F(Debug, AlignedBlocksAreAlignedAndChecked) {
   for (size_t alignment : {size_t{64}, size_t{4096}, size_t{1} << 20}) {
     void* p = tray_aligned_alloc(alignment, 100);
@@ -157,6 +211,31 @@ TEST_F(DebugDeath, OverflowOfAWholeClassSizeStillHasACanary) {
         tray_realloc(p, 128);
       },
       "heap buffer overflow: block 0x[0-9a-f]+ of 64 requested bytes written at offset 64");
+}
+
+// A block that grew in place keeps a canary after its new size, and the canary a growth takes
+// over is checked first: an overflow before the realloc is named with the old size.
+TEST_F(DebugDeath, OverflowOfABlockThatGrewInPlaceIsFound) {
+  const auto grown_in_place = [] {
+    auto* p = static_cast<char*>(tray_realloc(tray_malloc(8192), 16384));  // moves, with room
+    auto* q = static_cast<char*>(tray_realloc(p, 17000));
+    if (q != p) abort();
+    return q;
+  };
+  EXPECT_DEATH(
+      {
+        char* p = grown_in_place();
+        p[17000] = 1;
+        tray_free(p);
+      },
+      "heap buffer overflow: block 0x[0-9a-f]+ of 17000 requested bytes written at offset 17000");
+  EXPECT_DEATH(
+      {
+        char* p = grown_in_place();
+        p[17100] = 1;
+        tray_realloc(p, 18000);
+      },
+      "heap buffer overflow: block 0x[0-9a-f]+ of 17000 requested bytes written at offset 17100");
 }
 
 TEST_F(DebugDeath, OverflowOfALargeBlockIsFound) {
