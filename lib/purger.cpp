@@ -25,6 +25,8 @@ constexpr bool kTsan = false;
 #endif
 
 std::atomic<uint32_t> g_wake{0};      // bumped to end the thread's sleep early
+std::atomic<bool> g_stop{false};      // purger_stop asks the thread to end
+std::atomic<int> g_thread_tid{0};     // the last thread started, 0 until it runs
 std::atomic<bool> g_sleeping{false};  // the thread sleeps, or is about to, with no deadline
 uint64_t g_next_dump_ms = 0;          // the thread's own; 0 while no interval is set
 
@@ -82,6 +84,7 @@ bool retire() {
 // purge_thread=0, set while it runs, ends it when it next wakes, for good.
 void purger_main() {
   tls_in_purger = true;
+  g_thread_tid.store(os::thread_id(), std::memory_order_release);
   uint64_t idle_since_ms = kNeverMs;
   for (;;) {
     g_sleeping.store(true, std::memory_order_relaxed);
@@ -92,6 +95,15 @@ void purger_main() {
     const uint32_t seen = g_wake.load(std::memory_order_acquire);
     if (option(Option::kPurgeThread) == 0) {
       g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
+      return;
+    }
+    if (g_stop.load(std::memory_order_seq_cst)) {
+      g_purger_state.store(PurgerState::kStopped, std::memory_order_seq_cst);
+      // A purger_stop that gave up waiting has withdrawn its request, and may have looked at
+      // the state before this store: the next slow path starts a thread again.
+      PurgerState stopped = PurgerState::kStopped;
+      if (!g_stop.load(std::memory_order_seq_cst))
+        g_purger_state.compare_exchange_strong(stopped, PurgerState::kWanted, std::memory_order_seq_cst);
       return;
     }
     const uint64_t now = os::now_ms();
@@ -122,6 +134,28 @@ void purger_main() {
 __thread unsigned tls_purger_holds = 0;
 __thread bool tls_in_purger = false;
 
+bool purger_stop() {
+  const uint64_t deadline = os::now_ms() + kPurgerStopWaitMs;
+  int tid = g_thread_tid.load(std::memory_order_acquire);
+  // Created, but not yet in purger_main: the kernel counts it already.
+  for (PurgerState state = g_purger_state.load(std::memory_order_acquire);
+       tid == 0 && (state == PurgerState::kStarting || state == PurgerState::kRunning) &&
+       os::now_ms() < deadline;
+       state = g_purger_state.load(std::memory_order_acquire)) {
+    os::yield_thread();
+    tid = g_thread_tid.load(std::memory_order_acquire);
+  }
+  if (tid == 0 || !os::thread_exists(tid)) return false;
+  // Running, or on its way out by itself (retire, purge_thread=0): either way, until it is gone.
+  g_stop.store(true, std::memory_order_seq_cst);
+  purger_wake();
+  while (os::thread_exists(tid) && os::now_ms() < deadline) os::yield_thread();
+  g_stop.store(false, std::memory_order_seq_cst);
+  PurgerState stopped = PurgerState::kStopped;  // the next allocation slow path starts it again
+  g_purger_state.compare_exchange_strong(stopped, PurgerState::kWanted, std::memory_order_seq_cst);
+  return !os::thread_exists(tid);
+}
+
 // The child of a fork has only the thread that forked. ThreadSanitizer kills a child that
 // starts a thread after a multi-threaded fork, so under it the child does without (its memory
 // goes back on its own calls, as with purge_thread=0).
@@ -129,9 +163,11 @@ void purger_after_fork_child() {
   const PurgerState state = g_purger_state.load(std::memory_order_relaxed);
   if (kTsan)
     g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
-  else if (state == PurgerState::kRunning || state == PurgerState::kStarting)
+  else if (state == PurgerState::kRunning || state == PurgerState::kStarting ||
+           state == PurgerState::kStopped)
     g_purger_state.store(PurgerState::kWanted, std::memory_order_relaxed);
   g_sleeping.store(false, std::memory_order_relaxed);
+  g_thread_tid.store(0, std::memory_order_relaxed);
   g_next_dump_ms = 0;
 }
 
@@ -170,9 +206,12 @@ void purger_start() {
     return;
   }
   SamplingPause pause;  // what libc allocates for the thread is not the program's
+  g_thread_tid.store(0, std::memory_order_relaxed);  // until the new thread runs
   const bool started = os::start_thread(purger_main);
-  g_purger_state.store(started ? PurgerState::kRunning : PurgerState::kOff,
-                       std::memory_order_release);
+  // Unless the new thread has ended already (purger_stop, purge_thread=0) and said what next.
+  expected = PurgerState::kStarting;
+  g_purger_state.compare_exchange_strong(expected, started ? PurgerState::kRunning : PurgerState::kOff,
+                                         std::memory_order_acq_rel);
 }
 
 }  // namespace tray

@@ -25,7 +25,9 @@ namespace tray {
 // A deadline that never comes: nothing to wait for.
 inline constexpr uint64_t kNeverMs = UINT64_MAX;
 
-enum class PurgerState : uint32_t { kNone, kWanted, kStarting, kRunning, kOff };
+// kStopped: ended by purger_stop, which makes it kWanted once the thread is gone (an exiting
+// thread that allocates must not start the next one while the kernel still counts it).
+enum class PurgerState : uint32_t { kNone, kWanted, kStarting, kRunning, kStopped, kOff };
 extern constinit std::atomic<PurgerState> g_purger_state;
 
 // Something new may need the purger: memory to give back after a delay, or a new
@@ -39,6 +41,11 @@ void purger_wake();
 // Starts the thread if it is wanted. Only where re-entering malloc is safe: no allocator lock
 // held, and the calling thread's heap consistent.
 void purger_start();
+// Ends the thread, if it runs, and waits until the kernel no longer counts it, for the calls
+// that fail in a process with more than one thread (unshare and setns of user and mount
+// namespaces): the program may not know it has a second one. True if it ended a thread. It
+// starts again at the next allocation slow path, as after a fork.
+bool purger_stop();
 // In the child of a fork (heap.cpp's fork handler, registered at the process's first
 // allocation, whether or not the thread ever started): the thread is not there.
 void purger_after_fork_child();

@@ -52,6 +52,9 @@ inline constexpr uint64_t kPurgerLateMs = 10;
 // this long (a process lives as long as any of its threads), and starts again when there is
 // something to give back: a program whose threads have all ended exits this much later.
 inline constexpr uint64_t kPurgerIdleExitMs = 1000;
+// A call that needs the process to have one thread (unshare, setns) waits at most this long
+// for the purger to end (a pass under way finishes first) before it goes ahead anyway.
+inline constexpr uint64_t kPurgerStopWaitMs = 1000;
 // A page whose live blocks are at most this share of its carved blocks, and that nothing
 // allocated from for a pass or two, gives its OS pages that hold only free blocks back to the
 // OS (sparse.cpp). Such pages are left over from a phase whose class went out of use.

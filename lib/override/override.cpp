@@ -1,10 +1,12 @@
-// The drop-in surface: malloc and friends, glibc's aliases and introspection calls, and every
-// form of operator new and delete, all on top of the core's entry points (alloc.hpp). Exported
-// by libtraymalloc.so (so LD_PRELOAD replaces libc's) and defined in libtraymalloc.a (so a
-// program linking it uses ours everywhere). One translation unit on purpose: a reference to
-// any of these symbols pulls in all of them from the static library, never half of them.
+// The drop-in surface: malloc and friends, glibc's aliases and introspection calls, every
+// form of operator new and delete, all on top of the core's entry points (alloc.hpp), and
+// unshare and setns, which must not meet our thread. Exported by libtraymalloc.so (so
+// LD_PRELOAD replaces libc's) and defined in libtraymalloc.a (so a program linking it uses ours
+// everywhere). One translation unit on purpose: a reference to any of these symbols pulls in
+// all of them from the static library, never half of them.
 #include <errno.h>
 #include <malloc.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -15,6 +17,7 @@
 #include "alloc.hpp"
 #include "core/assert.hpp"
 #include "platform/os.hpp"
+#include "purger.hpp"
 #include "report.hpp"
 #include "traymalloc.h"
 
@@ -140,6 +143,29 @@ __attribute__((constructor(101))) void install_foreign_handlers() {
   set_foreign_handlers(next);
 }
 }  // namespace
+
+// --- calls that need the process to have one thread ----------------------------------------
+// The kernel refuses unshare and setns of a user or mount namespace (EINVAL) to a process with
+// more than one thread, and the purger (purger.hpp) is a thread the program did not make: a
+// single-threaded program that made a large allocation could no longer enter a sandbox. So
+// these end it first; it starts again at the next allocation slow path. glibc's unshare and
+// setns are plain system calls, which ours make too.
+namespace {
+// The flags that make the kernel count threads: CLONE_NEWUSER and CLONE_NEWNS imply CLONE_FS,
+// and CLONE_NEWUSER CLONE_THREAD; setns with type 0 may be given either kind of namespace.
+constexpr int kUnshareOneThreadFlags =
+    CLONE_NEWUSER | CLONE_NEWNS | CLONE_FS | CLONE_THREAD | CLONE_SIGHAND | CLONE_VM;
+constexpr int kSetnsOneThreadTypes = CLONE_NEWUSER | CLONE_NEWNS;
+}  // namespace
+
+TRAY_PUBLIC int unshare(int flags) noexcept {
+  if ((flags & kUnshareOneThreadFlags) != 0) purger_stop();
+  return os::unshare_namespaces(flags);
+}
+TRAY_PUBLIC int setns(int fd, int type) noexcept {
+  if (type == 0 || (type & kSetnsOneThreadTypes) != 0) purger_stop();
+  return os::enter_namespace(fd, type);
+}
 
 // --- C++ ----------------------------------------------------------------------------------
 // When memory runs out, operator new must call the new-handler and try again, or throw

@@ -140,6 +140,13 @@ int register_atfork(void (*prepare)(), void (*parent)(), void (*child)());
 // handlers must not land on a thread it does not know of); false if it cannot. The C
 // library allocates for the new thread: never from under one of the allocator's locks.
 bool start_thread(void (*body)());
+// Whether thread `tid` of this process is still there as far as the kernel counts threads
+// (tgkill with signal 0): a thread that pthread_join saw end may not have left yet.
+bool thread_exists(int tid);
+// unshare(2) and setns(2), straight to the kernel (glibc's are plain wrappers): -1 and errno
+// on failure.
+int unshare_namespaces(int flags);
+int enter_namespace(int fd, int type);
 // Sleeps while word == expected, at most timeout_ms (0: no limit), or until wake_all(word).
 void wait_on(std::atomic<uint32_t>& word, uint32_t expected, uint64_t timeout_ms);
 void wake_all(std::atomic<uint32_t>& word);

@@ -223,6 +223,17 @@ bool start_thread(void (*body)()) {
   return started;
 }
 
+bool thread_exists(int tid) {
+  const int saved = errno;
+  const bool exists = syscall(SYS_tgkill, getpid(), tid, 0) == 0 || errno != ESRCH;
+  errno = saved;
+  return exists;
+}
+
+int unshare_namespaces(int flags) { return int(syscall(SYS_unshare, flags)); }
+
+int enter_namespace(int fd, int type) { return int(syscall(SYS_setns, fd, type)); }
+
 void wait_on(std::atomic<uint32_t>& word, uint32_t expected, uint64_t timeout_ms) {
   timespec timeout{time_t(timeout_ms / 1000), long(timeout_ms % 1000) * 1000000};
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
