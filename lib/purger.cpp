@@ -153,7 +153,10 @@ bool purger_stop() {
   g_stop.store(false, std::memory_order_seq_cst);
   PurgerState stopped = PurgerState::kStopped;  // the next allocation slow path starts it again
   g_purger_state.compare_exchange_strong(stopped, PurgerState::kWanted, std::memory_order_seq_cst);
-  return !os::thread_exists(tid);
+  if (os::thread_exists(tid)) return false;
+  // Its id may go to a thread of the program's later, which a later call must not wait for.
+  g_thread_tid.compare_exchange_strong(tid, 0, std::memory_order_acq_rel);
+  return true;
 }
 
 // The child of a fork has only the thread that forked. ThreadSanitizer kills a child that
