@@ -136,13 +136,13 @@ __thread bool tls_in_purger = false;
 
 bool purger_stop() {
   const uint64_t deadline = os::now_ms() + kPurgerStopWaitMs;
+  const auto started = [] {
+    const PurgerState state = g_purger_state.load(std::memory_order_acquire);
+    return state == PurgerState::kStarting || state == PurgerState::kRunning;
+  };
   int tid = g_thread_tid.load(std::memory_order_acquire);
-  // Created, but not yet in purger_main: the kernel counts it already.
-  for (PurgerState state = g_purger_state.load(std::memory_order_acquire);
-       tid == 0 && (state == PurgerState::kStarting || state == PurgerState::kRunning) &&
-       os::now_ms() < deadline;
-       state = g_purger_state.load(std::memory_order_acquire)) {
-    os::yield_thread();
+  while (tid == 0 && started() && os::now_ms() < deadline) {
+    os::yield_thread();  // created, not yet in purger_main: the kernel counts it already
     tid = g_thread_tid.load(std::memory_order_acquire);
   }
   if (tid == 0 || !os::thread_exists(tid)) return false;
