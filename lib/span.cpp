@@ -429,19 +429,31 @@ bool place(SpanArena& a, size_t need, Placement* at) {
   return true;
 }
 
+// place, and if nothing fits, again once the blocks `a` (locked) keeps whole are given back:
+// joined to their free neighbours, they may hold what none of them held alone.
+bool place_or_give_back_kept(SpanArena& a, size_t need, Placement* at) {
+  if (place(a, need, at)) return true;
+  if (a.stash_count == 0) return false;
+  span_stash_flush(a, a.last_alloc_ms);
+  return place(a, need, at);
+}
+
 // Before a new chunk for arena `own`: a free run of another arena in use, each locked in turn
-// (the caller holds no lock, so two threads never wait for each other's). Threads that moved
-// apart when they met still share what each other freed, rather than each holding chunks of
-// its own (mstress, whose short-lived threads met now and then: 61 against 56 MiB peak RSS
-// before this). The thread moves to the arena whose run it took: one that moved because the
-// purger held its lock for a moment goes back to where its memory is.
-bool place_elsewhere(const SpanArena& own, size_t need, uint64_t now, Placement* at) {
+// (the caller holds no lock, so two threads never wait for each other's), and with
+// `give_back_kept` the blocks such an arena keeps whole too. Threads that moved apart when
+// they met still share what each other freed, rather than each holding chunks of its own
+// (mstress, whose short-lived threads met now and then: 61 against 56 MiB peak RSS before
+// this). The thread moves to the arena whose run it took: one that moved because the purger
+// held its lock for a moment goes back to where its memory is, the blocks it kept there
+// included (in CI's TSan run a thread so moved mapped a new chunk beside two it had kept).
+bool place_elsewhere(const SpanArena& own, size_t need, uint64_t now, bool give_back_kept,
+                     Placement* at) {
   for (size_t i = 0, in_use = span_arenas_in_use(); i < in_use; ++i) {
     SpanArena& a = g_span_arenas[i];
     if (&a == &own) continue;
     const os::LockGuard guard(a.lock);
     a.last_alloc_ms = std::max(a.last_alloc_ms, now);
-    if (place(a, need, at)) {
+    if (give_back_kept ? place_or_give_back_kept(a, need, at) : place(a, need, at)) {
       tls_arena = uint32_t(i);
       return true;
     }
@@ -449,15 +461,16 @@ bool place_elsewhere(const SpanArena& own, size_t need, uint64_t now, Placement*
   return false;
 }
 
-// A new chunk for arena `own`, unless a run freed into it meanwhile holds the block, or one
-// of the blocks it keeps whole does, given back.
-bool place_new(SpanArena& own, size_t need, Placement* at) {
+// A new chunk for arena `own`, unless a run freed into it meanwhile holds the block, or one of
+// the blocks it keeps whole does, given back, or, given back, one that another arena keeps.
+bool place_new(SpanArena& own, size_t need, uint64_t now, Placement* at) {
+  {
+    const os::LockGuard guard(own.lock);
+    if (place_or_give_back_kept(own, need, at)) return true;
+  }
+  if (place_elsewhere(own, need, now, true, at)) return true;
   const os::LockGuard guard(own.lock);
   if (place(own, need, at)) return true;
-  if (own.stash_count != 0) {
-    span_stash_flush(own, own.last_alloc_ms);
-    if (place(own, need, at)) return true;
-  }
   at->chunk = new_chunk(own);
   if (at->chunk == nullptr) return false;
   at->first = 1;
@@ -479,7 +492,8 @@ LargeHeader* span_alloc(size_t used_bytes) {
   own.last_alloc_ms = std::max(own.last_alloc_ms, now);
   const bool placed = place(own, need, &at);
   own.lock.unlock();
-  if (!placed && !place_elsewhere(own, need, now, &at) && !place_new(own, need, &at)) return nullptr;
+  if (!placed && !place_elsewhere(own, need, now, false, &at) && !place_new(own, need, now, &at))
+    return nullptr;
   if (at.kept != nullptr) return at.kept;
   SpanChunk* const chunk = at.chunk;
   const size_t first = at.first;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +17,7 @@
 
 #include "core/config.hpp"
 #include "span.hpp"
+#include "span_arena.hpp"
 #include "span_fixture.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
@@ -138,6 +140,33 @@ TEST_F(Span, NeighbouringFreeRunsJoinAndABigRunIsSplit) {
   EXPECT_TRUE(tray_test::sequence_intact(first, 200 * kKiB, 5));
   tray_free(first);
   tray_free(second);
+  tray_free(c);
+}
+
+// The same, for a thread that finds its arena's lock held (here by the test; in CI's TSan run by
+// the purger's pass) and moves to the next arena: the blocks it kept whole in the arena it left
+// are given back there and serve it, rather than a new chunk beside them.
+TEST_F(Span, BlocksKeptInTheArenaAThreadLeftServeIt) {
+  const size_t size = 1 * kMiB;
+  char* a = alloc_filled(size, 1);
+  char* b = alloc_filled(size, 2);
+  char* c = alloc_filled(rest_of_chunk(2 * run_bytes(size)), 3);
+  ASSERT_EQ(b, a + run_bytes(size));
+  tray_free(a);
+  tray_free(b);
+  tray::SpanArena& left = tray::span_arena_of(reinterpret_cast<tray::SpanChunk*>(chunk_of(a)));
+  std::atomic<bool> held{false};
+  std::thread holder([&] {
+    left.lock.lock();
+    held.store(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    left.lock.unlock();
+  });
+  while (!held.load()) std::this_thread::yield();
+  char* joined = alloc_filled(2 * size, 4);
+  holder.join();
+  EXPECT_EQ(joined, a) << "a new chunk beside the blocks kept in the arena the thread left";
+  tray_free(joined);
   tray_free(c);
 }
 
