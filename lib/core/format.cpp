@@ -1,6 +1,5 @@
 #include "core/format.hpp"
 
-#include "platform/os.hpp"
 
 namespace tray {
 
@@ -99,6 +98,5 @@ TextBuffer& TextBuffer::align_right(size_t start, size_t width) {
   return *this;
 }
 
-void TextBuffer::write_to(int fd) const { os::write_fd(fd, data_, length_); }
 
 }  // namespace tray

@@ -27,7 +27,6 @@ class TextBuffer {
   const char* data() const { return data_; }
   size_t length() const { return length_; }
   void clear() { length_ = 0; }
-  void write_to(int fd) const;
 
  private:
   char* data_;

@@ -1,5 +1,5 @@
 // The drop-in surface: malloc and friends, glibc's aliases and introspection calls, every
-// form of operator new and delete, all on top of the core's entry points (alloc.hpp), and
+// form of operator new and delete, all on top of the core's entry points (api/api.hpp), and
 // unshare and setns, which must not meet our thread. Exported by libtraymalloc.so (so
 // LD_PRELOAD replaces libc's) and defined in libtraymalloc.a (so a program linking it uses ours
 // everywhere). One translation unit on purpose: a reference to any of these symbols pulls in
@@ -14,11 +14,10 @@
 #include <climits>
 #include <new>
 
-#include "alloc.hpp"
-#include "core/assert.hpp"
-#include "platform/os.hpp"
-#include "purger.hpp"
-#include "report.hpp"
+#include "api/api.hpp"
+#include "platform/platform.hpp"
+#include "purge/purge.hpp"
+#include "report/report.hpp"
 #include "traymalloc.h"
 
 #define TRAY_PUBLIC extern "C" __attribute__((visibility("default")))
@@ -146,7 +145,7 @@ __attribute__((constructor(101))) void install_foreign_handlers() {
 
 // --- calls that need the process to have one thread ----------------------------------------
 // The kernel refuses unshare and setns of a user or mount namespace (EINVAL) to a process with
-// more than one thread, and the purger (purger.hpp) is a thread the program did not make: a
+// more than one thread, and the purger (purge/purge.hpp) is a thread the program did not make: a
 // single-threaded program that made a large allocation could no longer enter a sandbox. So
 // these end it first; it starts again at the next allocation slow path. glibc's unshare and
 // setns are plain system calls, which ours make too.

@@ -2,6 +2,7 @@
 // their counts and injected faults, and the small services beside them (time, randomness,
 // files, the environment). Signals, backtraces, threads and locks are in os_process.cpp.
 #include "platform/os.hpp"
+#include "core/core.hpp"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -17,9 +18,6 @@
 #include <unistd.h>
 
 #include <atomic>
-
-#include "core/bits.hpp"
-#include "core/config.hpp"
 
 #if TRAY_ASAN
 #include <sys/syscall.h>

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/core.hpp"
+
 namespace tray::os {
 
 // System calls that change the address space, counted for the statistics (relaxed: they are
@@ -86,6 +88,8 @@ const char* env(const char* name);  // getenv: reads environ, never allocates
 void* next_symbol(const char* name);
 
 void write_fd(int fd, const char* text, size_t length);
+// What was formatted into `text` (core/format.hpp).
+inline void write_text(int fd, const TextBuffer& text) { write_fd(fd, text.data(), text.length()); }
 // A close-on-exec duplicate of fd, or -1.
 int duplicate_fd(int fd);
 // Opens `path` for appending (created 0644 if missing), close-on-exec; -1 on failure.

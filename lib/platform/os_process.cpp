@@ -1,8 +1,6 @@
 // The platform layer's process side (os.hpp): signals, backtraces and the symbols of code
 // addresses, the fault hook, threads with their keys and fork hooks, and futex locks. Memory,
 // time, randomness and files are in os.cpp.
-#include "platform/os.hpp"
-
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
@@ -16,7 +14,8 @@
 
 #include <atomic>
 
-#include "core/config.hpp"
+#include "platform/config.hpp"
+#include "platform/os.hpp"
 #include "platform/unwind.hpp"
 
 // Weak: a static executable then links without the C library's unwinder (and its dlopen),

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/bits.hpp"
-#include "core/config.hpp"
+#include "core/core.hpp"
+#include "platform/config.hpp"
 
 // The rules below are x86-64's; glibc 2.35 brought _dl_find_object, the loader's lock-free
 // answer to "which object's .eh_frame_hdr covers this address". Elsewhere every walk goes to

@@ -1,0 +1,94 @@
+// The process as a whole: the handlers of the events lower layers raise (events/events.hpp),
+// the set-up done once per process, what happens when a thread with a heap ends, and fork.
+// This file is the one place that knows every lock of the allocator and their order.
+//
+// The global lock order, outermost first. A thread that holds one of these may take only the
+// ones after it; fork's prepare handler takes them all in this order, and both of its release
+// handlers let them go in the reverse order:
+//   1. the heap profile's lock       (sample/prof.cpp: it refills its heap under the lock)
+//   2. the guarded slots' lock       (sample/guard.cpp)
+//   3. the parked heaps' collection, then the heaps' list (heap/heap.cpp)
+//   4. the large cache: its deferred unmaps, then the cache itself (large/large_cache.cpp)
+//   5. the span arenas, in index order (span/span.cpp)
+//   6. the segment pool              (segment/segment.cpp)
+// The platform's own locks (the unwinder's, the setup lock below) are leaves: nothing is
+// taken under them.
+
+#include "api/api.hpp"
+#include "events/events.hpp"
+#include "heap/heap.hpp"
+#include "large/large.hpp"
+#include "platform/platform.hpp"
+#include "purge/purge.hpp"
+#include "report/report.hpp"
+#include "sample/sample.hpp"
+#include "segment/segment.hpp"
+#include "span/span.hpp"
+#include "stats/stats.hpp"
+
+namespace tray {
+
+namespace {
+
+pthread_key_t g_exit_key;
+std::atomic<bool> g_process_ready{false};
+
+void on_thread_exit(void* value) {
+  [[maybe_unused]] TrackScope scope;  // the remote frees' links lie in free blocks
+  heap_detach_thread(static_cast<Heap*>(value));
+}
+
+void fork_prepare() {
+  prof_lock_for_fork();
+  guard_lock_for_fork();
+  heap_lock_for_fork();
+  large_lock_for_fork();
+  span_lock_for_fork();
+  segment_lock_for_fork();
+}
+
+// The same in parent and child: the thread that forked holds the locks in both, and is the
+// child's only thread.
+void fork_release() {
+  segment_unlock_after_fork();
+  span_unlock_after_fork();
+  large_unlock_after_fork();
+  heap_unlock_after_fork();
+  guard_unlock_after_fork();
+  prof_unlock_after_fork();
+}
+
+void fork_release_child() {
+  g_totals.threads_attached.store(tls_own_heap != nullptr ? 1 : 0, std::memory_order_relaxed);
+  purger_after_fork_child();
+  report_after_fork_child();
+  fork_release();
+}
+
+// Once per process, outside every lock: both calls may allocate, which re-enters malloc
+// through the heap the calling thread has just been given.
+void process_setup() {
+  static os::Mutex setup_lock;
+  os::LockGuard guard(setup_lock);
+  if (g_process_ready.load(std::memory_order_relaxed)) return;
+  if (os::thread_key_create(&g_exit_key, on_thread_exit) != 0)
+    fatal("cannot create the thread-exit key (pthread_key_create failed)");
+  os::register_atfork(fork_prepare, fork_release, fork_release_child);
+  g_process_ready.store(true, std::memory_order_release);
+}
+
+// The calling thread now holds `heap`: it is parked again when the thread ends.
+void on_heap_attached(Heap* heap) {
+  if (!g_process_ready.load(std::memory_order_acquire)) process_setup();
+  os::thread_key_set(g_exit_key, heap);
+}
+
+}  // namespace
+
+extern constinit const EventHandlers g_events = {
+    .start_purger = purger_start,
+    .sampled_alloc = sample_alloc,
+    .heap_attached = on_heap_attached,
+};
+
+}  // namespace tray

@@ -1,0 +1,33 @@
+#include "heap/free_key.hpp"
+
+#include <unistd.h>
+
+#include "core/core.hpp"
+#include "platform/platform.hpp"
+
+namespace tray {
+
+namespace {
+[[noreturn]] void report_and_abort(const void* block, const Page* page, const char* detail) {
+  char storage[256];
+  TextBuffer text(storage, sizeof storage);
+  text.str("traymalloc: double free of ").ptr(block).str(" (size class ");
+  text.dec(page->block_bytes).str(" B)").str(detail).str("\n");
+  os::write_text(STDERR_FILENO, text);
+  // Preparing the backtrace may allocate (the unwinder is loaded on first use): safe here,
+  // since nothing has been changed yet and no lock is held.
+  os::prepare_backtrace();
+  os::write_backtrace(STDERR_FILENO);
+  os::abort_process();
+}
+}  // namespace
+
+#if TRAY_FREE_KEY_CHECK
+void report_release_double_free(const void* block, const Page* page) { report_and_abort(block, page, ""); }
+#endif
+
+void report_sparse_block_reused(const void* block, const Page* page) {
+  report_and_abort(block, page, ", or a write after free: its OS page had been given back");
+}
+
+}  // namespace tray

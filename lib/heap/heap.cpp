@@ -1,0 +1,535 @@
+#include "heap/heap.hpp"
+
+#include <errno.h>
+
+#include <new>
+
+#include "events/events.hpp"
+#include "heap/page.hpp"
+#include "heap/remote.hpp"
+#include "heap/sample_countdown.hpp"
+#include "heap/sparse.hpp"
+#include "large/large.hpp"
+#include "options/options.hpp"
+#include "platform/platform.hpp"
+#include "segment/segment.hpp"
+#include "span/span.hpp"
+#include "stats/stats.hpp"
+
+namespace tray {
+
+constinit std::atomic<Heap*> g_locked_heap{nullptr};
+
+namespace {
+
+void (*g_locked_heap_free)(Block*) = nullptr;
+
+// Shared by every empty queue; never written: it has no free block, so a fast-path
+// allocation that reaches it falls through to the slow path.
+constinit Page g_empty_page;
+
+}  // namespace
+
+constinit Heap g_empty_heap{&g_empty_page};
+__thread Heap* tls_heap = &g_empty_heap;
+__thread Heap* tls_own_heap = nullptr;
+
+namespace {
+
+// Heaps without a thread, a stack: an exiting thread pushes its heap with a compare-and-swap,
+// and taking heaps off (one for a starting thread, or all of them to collect) holds the lock,
+// so no popper can meet a heap that another popper took and pushed again in between (ABA).
+os::Mutex g_heaps_lock;           // popping from g_parked, and metadata memory
+std::atomic<Heap*> g_parked{nullptr};
+std::atomic<Heap*> g_all_heaps{nullptr};
+char* g_meta_cursor = nullptr;    // metadata bump allocation
+char* g_meta_end = nullptr;
+std::atomic<uint64_t> g_last_collect_ms{0};
+// One collection of parked heaps at a time, taken before g_heaps_lock. A collection holds the
+// heaps it works on off the stack, so a trim waits for one under way; the purger and threads'
+// slow paths leave the work to it.
+os::Mutex g_collect_lock;
+
+// --- page queues -------------------------------------------------------------------------
+// The page a class allocates from carries one extra count in `used` for as long as it is the
+// queue's head, so freeing its last block never reaches zero and never leaves the fast path:
+// a thread that allocates and frees one block in a loop does not hand its page back and forth.
+void queue_changed(Heap* heap, unsigned c) {
+  Page* head = heap->queues[c].head != nullptr ? heap->queues[c].head : &g_empty_page;
+  Page* old = heap->direct[c];
+  if (old == head) return;
+  if (old != &g_empty_page) --old->used;
+  if (head != &g_empty_page) {
+    ++head->used;
+    head->warm = true;
+    if (head->retained) {  // back in use
+      head->retained = false;
+      heap->retained_bytes -= size_t(head->unit_count) * kUnitBytes;
+    }
+  }
+  heap->direct[c] = head;
+}
+
+// Blocks of the page that are live or in the heap's remote list.
+uint32_t live_blocks(const Heap* heap, const Page* page) {
+  TRAY_ASSERT(!page->floating);  // queued pages only
+  return page->used - (heap->direct[page->size_class] == page ? 1 : 0);
+}
+
+void queue_remove(Heap* heap, Page* page) {
+  const unsigned c = page->size_class;
+  PageQueue& q = heap->queues[c];
+  if (page->prev != nullptr) page->prev->next = page->next;
+  else q.head = page->next;
+  if (page->next != nullptr) page->next->prev = page->prev;
+  else q.tail = page->prev;
+  page->next = page->prev = nullptr;
+  queue_changed(heap, c);
+}
+
+void queue_push_front(Heap* heap, Page* page) {
+  const unsigned c = page->size_class;
+  PageQueue& q = heap->queues[c];
+  page->prev = nullptr;
+  page->next = q.head;
+  if (q.head != nullptr) q.head->prev = page;
+  else q.tail = page;
+  q.head = page;
+  queue_changed(heap, c);
+}
+
+void queue_push_back(Heap* heap, Page* page) {
+  const unsigned c = page->size_class;
+  PageQueue& q = heap->queues[c];
+  page->next = nullptr;
+  page->prev = q.tail;
+  if (q.tail != nullptr) q.tail->next = page;
+  else q.head = page;
+  q.tail = page;
+  queue_changed(heap, c);
+}
+
+void release_page(Heap* heap, Page* page) {
+  queue_remove(heap, page);
+  if (page->retained) {
+    page->retained = false;
+    heap->retained_bytes -= size_t(page->unit_count) * kUnitBytes;
+  }
+  page_release(page);
+}
+
+// Returns every page of the heap that holds no live block (after taking in remote frees).
+// Debug mode keeps them: a page that changed class could turn a stale pointer into a valid
+// block of another size, and a double free into a free of somebody else's block.
+bool release_empty_pages(Heap* heap) {
+  remote_drain(heap);
+  if (debug_mode()) return false;
+  bool released = false;
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    for (Page* page = heap->queues[c].head; page != nullptr;) {
+      Page* next = page->next;
+      if (live_blocks(heap, page) == 0) {
+        release_page(heap, page);
+        released = true;
+      }
+      page = next;
+    }
+  }
+  return released;
+}
+
+void park(Heap* first, Heap* last) {
+  Heap* head = g_parked.load(std::memory_order_relaxed);
+  do {
+    last->next_abandoned = head;
+  } while (!g_parked.compare_exchange_weak(head, first, std::memory_order_release,
+                                           std::memory_order_relaxed));
+}
+
+// Parked heaps get no slow path of their own: remote frees into them would wait for the next
+// thread to start. Threads that need a page (and the idle purger) take them back now and then,
+// and give back the empty pages of heaps that no thread adopted within kPurgeDelayMs. Returns
+// when a parked heap's retained pages will be due, or kNeverMs. Only the heaps with work
+// leave the parked stack, each going back as soon as it is done: a thread that starts during a
+// collection still finds the others to adopt instead of making a new heap.
+uint64_t collect_parked_locked(bool every_heap, bool* released) {
+  const uint64_t now = os::now_ms();
+  auto needs_work = [&](const Heap* heap) {
+    return every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr ||
+           (heap->retained_bytes != 0 && now - heap->parked_ms >= kPurgeDelayMs);
+  };
+  Heap* work = nullptr;
+  {
+    os::LockGuard guard(g_heaps_lock);
+    Heap* taken = g_parked.exchange(nullptr, std::memory_order_acquire);
+    if (taken == nullptr) return kNeverMs;
+    Heap* idle_first = nullptr;
+    Heap* idle_last = nullptr;
+    for (Heap* heap = taken; heap != nullptr;) {
+      Heap* next = heap->next_abandoned;
+      if (needs_work(heap)) {
+        heap->next_abandoned = work;
+        work = heap;
+      } else {
+        heap->next_abandoned = idle_first;
+        if (idle_first == nullptr) idle_last = heap;
+        idle_first = heap;
+      }
+      heap = next;
+    }
+    if (idle_first != nullptr) park(idle_first, idle_last);
+  }
+  while (work != nullptr) {
+    Heap* heap = work;
+    work = heap->next_abandoned;
+    *released |= release_empty_pages(heap);
+    park(heap, heap);
+  }
+  // The stack holds every heap again but those adopted meanwhile, whose pages are their
+  // threads' business now.
+  uint64_t due = kNeverMs;
+  os::LockGuard guard(g_heaps_lock);
+  for (Heap* heap = g_parked.load(std::memory_order_acquire); heap != nullptr;
+       heap = heap->next_abandoned)
+    if (heap->retained_bytes != 0) due = std::min(due, heap->parked_ms + kPurgeDelayMs);
+  return due;
+}
+
+uint64_t collect_parked(bool every_heap, bool* released) {
+  if (every_heap) {
+    os::LockGuard guard(g_collect_lock);
+    return collect_parked_locked(true, released);
+  }
+  // The one collecting may leave retained pages that come due later: look again then.
+  if (!g_collect_lock.try_lock()) return os::now_ms() + kPurgeDelayMs;
+  const uint64_t due = collect_parked_locked(false, released);
+  g_collect_lock.unlock();
+  return due;
+}
+
+void maybe_collect_parked() {
+  if (g_totals.heaps_abandoned.load(std::memory_order_relaxed) == 0) return;
+  const uint64_t now = os::now_ms();
+  uint64_t last = g_last_collect_ms.load(std::memory_order_relaxed);
+  if (now - last < kPurgeDelayMs) return;
+  if (!g_last_collect_ms.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  bool released = false;
+  collect_parked(false, &released);
+}
+
+// The queue's first page with a block to give, floating the full ones it passes: a full page
+// leaves the queue until a free lands in it, so scans never walk over full pages twice.
+Page* find_page(Heap* heap, unsigned c) {
+  for (Page* page = heap->queues[c].head; page != nullptr;) {
+    Page* next = page->next;
+    if (page->free == nullptr && page_can_extend(page)) page_extend(page);
+    if (page->free == nullptr) sparse_refill(page);
+    if (page->free != nullptr) {
+      if (page != heap->queues[c].head) {
+        queue_remove(heap, page);
+        queue_push_front(heap, page);
+      }
+      return page;
+    }
+    queue_remove(heap, page);
+    page->used = 1;
+    __atomic_store_n(&page->floating, true, __ATOMIC_RELEASE);
+    page = next;
+  }
+  // Before taking a page: blocks held back for their owners may be what another heap needs
+  // to avoid taking one too. Not on every slow path: in classes whose pages hold few blocks
+  // that would send batches of two or three, one compare-and-swap each. So may whole pages
+  // that owners which stopped taking their blocks in would not give back.
+  remote_flush_and_reclaim(heap);
+  maybe_collect_parked();
+  sparse_pass(heap, false);
+  // The class grows: a moment when its live count is at a high.
+  heap_sample_peak(c);
+  Page* page = page_acquire(heap, c);
+  if (page != nullptr) queue_push_front(heap, page);
+  return page;
+}
+
+// A parked heap keeps at most kHeapRetainedBytes of empty pages, the pages its classes were
+// allocating from counted in: those are not `retained`, and in classes of big blocks (pages of
+// up to 16 units) a heap left with one per class held 5 MiB of empty pages in mstress while the
+// threads still running took fresh ones from the pool. What goes back now waits there dirty,
+// so the others reuse it without faulting it in.
+void trim_parked_empty(Heap* heap) {
+  if (debug_mode()) return;
+  size_t kept = heap->retained_bytes;
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    Page* page = heap->direct[c];
+    if (page == &g_empty_page || page->retained || live_blocks(heap, page) != 0) continue;
+    const size_t bytes = size_t(page->unit_count) * kUnitBytes;
+    if (kept + bytes <= kHeapRetainedBytes) kept += bytes;
+    else release_page(heap, page);
+  }
+}
+
+// --- thread life cycle -------------------------------------------------------------------
+Heap* heap_new_locked() {
+  const size_t bytes = align_up(sizeof(Heap), kCacheLineBytes);
+  if (size_t(g_meta_end - g_meta_cursor) < bytes) {
+    auto* chunk = static_cast<char*>(os::map(kMetaChunkBytes));
+    if (chunk == nullptr) return nullptr;
+    count_add(g_totals.bytes_metadata, kMetaChunkBytes);
+    g_meta_cursor = chunk;
+    g_meta_end = chunk + kMetaChunkBytes;
+  }
+  Heap* heap = new (g_meta_cursor) Heap(&g_empty_page);
+  g_meta_cursor += bytes;
+  span_cache_register(&heap->span_cache);
+  count_add(g_totals.heaps_created, 1);
+  heap->next_created = g_all_heaps.load(std::memory_order_relaxed);
+  g_all_heaps.store(heap, std::memory_order_release);
+  return heap;
+}
+
+}  // namespace
+
+namespace {
+
+// The thread's first allocation: a heap first.
+TRAY_NOINLINE void* first_malloc_slow(unsigned size_class, size_t size) {
+  Heap* heap = heap_attach_thread();
+  if (heap == nullptr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return heap_malloc_slow(heap, size_class, size);
+}
+
+// Not in heap_refill_pop, which prof calls under its lock: the purger's start allocates.
+// Before the refill, so that the refill is a tail call: the heap is consistent and no lock is
+// held here as after it.
+TRAY_INLINE void* poll_and_refill(Heap* heap, unsigned size_class) {
+  purger_poll();
+  return heap_refill_pop(heap, size_class);
+}
+
+// A request the samplers have a say in (sample_small_quiet), apart: inline, the calls it may
+// make had every slow path save and restore five registers.
+TRAY_NOINLINE void* sampled_malloc_slow(Heap* heap, unsigned size_class, size_t size) {
+  if (void* sampled = sample_small_slow(heap, size_class, size); sampled != nullptr) return sampled;
+  return poll_and_refill(heap, size_class);
+}
+
+}  // namespace
+
+// A page switch, every few allocations where pages hold few free blocks (rptest), went through
+// three frames; now alloc_slow and this one reach heap_refill_pop by tail calls.
+void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
+  if (TRAY_UNLIKELY(heap == &g_empty_heap)) return first_malloc_slow(size_class, size);
+  if (TRAY_UNLIKELY(!sample_small_quiet(heap, size_class, size)))
+    return sampled_malloc_slow(heap, size_class, size);
+  return poll_and_refill(heap, size_class);
+}
+
+void* heap_refill_pop(Heap* heap, unsigned size_class) noexcept {
+  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(heap);
+  Page* page = find_page(heap, size_class);
+  if (page == nullptr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  // find_page leaves the page at the head of its queue, where the fast path pops from.
+  TRAY_ASSERT(heap->direct[size_class] == page && page->free != nullptr);
+  return page_pop(heap, page, size_class);
+}
+
+void heap_page_event(Heap* heap, Page* page) noexcept {
+  if (page->floating) {
+    page->floating = false;
+    page->used = page->reserved - 1;
+    queue_push_back(heap, page);
+  }
+  if (page->used == 0) {  // never the head: its extra count keeps it above zero
+    const size_t bytes = size_t(page->unit_count) * kUnitBytes;
+    if (heap->retained_bytes + bytes <= kHeapRetainedBytes || debug_mode()) {
+      page->retained = true;
+      heap->retained_bytes += bytes;
+      // Debug mode checks each block's link when it hands the block out again; its pages keep
+      // their lists as they are.
+      if (page->came_home && !debug_mode()) page_recarve(page);
+    } else {
+      release_page(heap, page);
+    }
+  }
+}
+
+namespace {
+
+TRAY_NOINLINE void send_and_take_in(Heap* self, Page* page, Block* block) {
+  remote_send(self, page, block);
+  remote_drain(self);
+}
+
+// heap_free_remote's cases other than a thread with a heap freeing another heap's block.
+TRAY_NOINLINE void free_remote_unusual(Page* page, Block* block) {
+  // A thread that frees what others allocated, and never allocated itself (a consumer), gets a
+  // heap here: without buckets to gather in, each block went home alone, a compare-and-swap on
+  // the owner's stack per free and a one-block run for the owner to take in.
+  if (TRAY_UNLIKELY(tls_heap == &g_empty_heap) && tls_own_heap == nullptr) heap_attach_thread();
+  heap_count_free(tls_heap, page);
+  if (TRAY_UNLIKELY(page->heap == g_locked_heap.load(std::memory_order_relaxed)))
+    return g_locked_heap_free(block);
+  Heap* self = tls_heap;
+  heap_free_block(self, page, block);
+  if (has_remote_frees(self)) remote_drain(self);
+}
+
+}  // namespace
+
+// The common case ends in a tail call to remote_send, and the rest leaves through another:
+// with calls in its body, every foreign free saved and restored three registers here.
+void heap_free_remote(Page* page, Block* block) noexcept {
+  free_key_check_and_set(page, block);
+  Heap* self = tls_heap;
+  Heap* owner = page->heap;
+  if (TRAY_UNLIKELY(self == &g_empty_heap || owner == self ||
+                    owner == g_locked_heap.load(std::memory_order_relaxed)))
+    return free_remote_unusual(page, block);
+  count_free(self, page);
+  counter_add(self->counters.remote_frees, 1);
+  if (TRAY_UNLIKELY(has_remote_frees(self))) return send_and_take_in(self, page, block);
+  remote_send(self, page, block);
+}
+
+void heap_count_free(Heap* self, const Page* page) noexcept {
+  if (self == &g_empty_heap) {
+    g_totals.classes[page->size_class].unowned_frees.fetch_add(1, std::memory_order_relaxed);
+    count_add(g_totals.unowned_remote_frees, 1);
+    return;
+  }
+  count_free(self, page);
+  if (page->heap != self) counter_add(self->counters.remote_frees, 1);
+}
+
+void heap_free_block(Heap* self, Page* page, Block* block) noexcept {
+  Heap* owner = page->heap;
+  if (owner == self) page_free_local(self, page, block);
+  else remote_send(self, page, block);
+}
+
+Heap* heap_attach_thread() {
+  Heap* heap;
+  {
+    os::LockGuard guard(g_heaps_lock);
+    heap = g_parked.load(std::memory_order_acquire);
+    while (heap != nullptr && !g_parked.compare_exchange_weak(heap, heap->next_abandoned,
+                                                              std::memory_order_acquire)) {
+    }
+    if (heap != nullptr) {
+      heap->next_abandoned = nullptr;
+      count_sub(g_totals.heaps_abandoned, 1);
+    } else {
+      heap = heap_new_locked();
+      if (heap == nullptr) return nullptr;
+    }
+  }
+  tls_own_heap = heap;
+  if (!debug_mode()) {
+    tls_heap = heap;
+    span_cache_attach(&heap->span_cache);
+  }
+  if (!tls_in_purger) count_add(g_totals.threads_attached, 1);
+  g_events.heap_attached(heap);
+  return heap;
+}
+
+Heap* heap_create_locked(void (*free_block)(Block*)) {
+  os::LockGuard guard(g_heaps_lock);
+  TRAY_CHECK(g_locked_heap.load(std::memory_order_relaxed) == nullptr);
+  Heap* heap = heap_new_locked();
+  if (heap == nullptr) return nullptr;
+  g_locked_heap_free = free_block;
+  g_locked_heap.store(heap, std::memory_order_release);
+  return heap;
+}
+
+// The heap keeps its retained empty pages: the next thread to start adopts them with the heap,
+// instead of taking them back from the pool (collect_parked gives them back if none comes).
+void heap_detach_thread(Heap* heap) {
+  remote_flush(heap);
+  remote_drain(heap);
+  trim_parked_empty(heap);
+  if (tls_span_cache == &heap->span_cache) span_cache_attach(nullptr);
+  if (tls_heap == heap) tls_heap = &g_empty_heap;
+  if (tls_own_heap == heap) tls_own_heap = nullptr;
+  // The purger stays while the program has a thread with a heap (purge/purger.cpp): when the last
+  // one ends, it must not keep the process alive.
+  if (!tls_in_purger &&
+      g_totals.threads_attached.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+      g_purger_state.load(std::memory_order_relaxed) == PurgerState::kRunning)
+    purger_wake();
+  count_add(g_totals.threads_exited, 1);
+  // Read before parking: from then on the next thread to start may own the heap.
+  const bool holds_pages = heap->retained_bytes != 0;
+  heap->parked_ms = os::now_ms();
+  count_add(g_totals.heaps_abandoned, 1);
+  park(heap, heap);
+  if (holds_pages) purger_notify();
+}
+
+bool heap_threads_attached() {
+  return g_totals.threads_attached.load(std::memory_order_seq_cst) != 0;
+}
+
+void heap_sample_peak(unsigned size_class) {
+#if TRAY_STATS_COUNTERS
+  ClassTotals& totals = g_totals.classes[size_class];
+  uint64_t live = 0;
+  for (const Heap* heap = heap_list(); heap != nullptr; heap = heap->next_created)
+    live += counter_read(heap->counters.allocations[size_class]) -
+            counter_read(heap->counters.frees[size_class]);
+  live -= totals.unowned_frees.load(std::memory_order_relaxed);
+  // Counters read while their threads run can be a little off, or even add up to less than
+  // zero for a moment; a peak is only a high-water mark, so such a sample is skipped.
+  if (int64_t(live) > 0) count_max(totals.peak_live_blocks, live);
+#else
+  (void)size_class;
+#endif
+}
+
+const Heap* heap_list() { return g_all_heaps.load(std::memory_order_acquire); }
+
+bool heap_trim() {
+  bool released = false;
+  if (Heap* own = tls_own_heap; own != nullptr) {
+    remote_flush(own);
+    released |= release_empty_pages(own);
+    released |= sparse_pass(own, true);
+  }
+  collect_parked(true, &released);
+  return released;
+}
+
+void heap_exchange_remote() noexcept {
+  Heap* heap = tls_own_heap;
+  if (heap == nullptr || debug_mode()) return;
+  remote_flush(heap);
+  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(heap);
+  sparse_pass(heap, false);
+}
+
+uint64_t heap_collect_idle() {
+  if (g_totals.heaps_abandoned.load(std::memory_order_relaxed) == 0) return kNeverMs;
+  bool released = false;
+  return collect_parked(false, &released);
+}
+
+void heap_lock_for_fork() {
+  g_collect_lock.lock();
+  g_heaps_lock.lock();
+}
+
+// In the child, threads other than the forking one do not exist. Their heaps may have been
+// caught halfway through a fast-path update, so they are left as they are, never parked or
+// handed out again: their pages stay allocated, and freeing their blocks works (remote frees).
+void heap_unlock_after_fork() {
+  g_heaps_lock.unlock();
+  g_collect_lock.unlock();
+}
+
+}  // namespace tray

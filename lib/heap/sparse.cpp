@@ -1,0 +1,454 @@
+#include "heap/sparse.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "core/core.hpp"
+#include "heap/config.hpp"
+#include "heap/free_key.hpp"
+#include "options/options.hpp"
+#include "platform/platform.hpp"
+#include "segment/segment.hpp"
+#include "size_classes/size_classes.hpp"
+#include "stats/stats.hpp"
+
+namespace tray {
+
+namespace {
+
+constexpr unsigned kMaxOsPagesPerUnit = 16;  // the width of Segment::sparse_purged
+// The release double-free check's (free_key.hpp) backstop for the blocks whose key went with
+// their OS page.
+constexpr bool kReleaseChecks = TRAY_FREE_KEY_CHECK != 0;
+constexpr size_t kMaxBlocksPerPage = kUnitBytes / kNaturalAlignment;
+constexpr size_t kMaxOsPagesPerPage = kUnitsPerSegment * kMaxOsPagesPerUnit;
+
+template <size_t kBits>
+class BitSet {
+ public:
+  void set(size_t i) { words_[i / 64] |= uint64_t{1} << (i % 64); }
+  bool test(size_t i) const { return (words_[i / 64] >> (i % 64)) & 1; }
+  // Fewer than 64 bits from `first`, within the word that holds it.
+  void put_bits(size_t first, uint64_t value) { words_[first / 64] |= value << (first % 64); }
+  uint64_t bits(size_t first, unsigned count) const {
+    return (words_[first / 64] >> (first % 64)) & ((uint64_t{1} << count) - 1);
+  }
+  // Set operations on the bits under `end`.
+  void add(const BitSet& other, size_t end) {
+    for (size_t w = 0; w * 64 < end; ++w) words_[w] |= other.words_[w];
+  }
+  void remove(const BitSet& other, size_t end) {
+    for (size_t w = 0; w * 64 < end; ++w) words_[w] &= ~other.words_[w];
+  }
+  // Ranges a word at a time: a page of 16-byte blocks has 256 of them on each OS page.
+  void set_range(size_t first, size_t last) {  // inclusive
+    for (size_t w = first / 64; w <= last / 64; ++w) words_[w] |= mask(w, first, last);
+  }
+  void clear_range(size_t first, size_t last) {  // inclusive
+    for (size_t w = first / 64; w <= last / 64; ++w) words_[w] &= ~mask(w, first, last);
+  }
+  bool all_in(size_t first, size_t last) const {  // inclusive
+    for (size_t w = first / 64; w <= last / 64; ++w)
+      if ((words_[w] & mask(w, first, last)) != mask(w, first, last)) return false;
+    return true;
+  }
+  // Every set bit under `end`, in order.
+  template <typename Visit>
+  void for_each(size_t end, Visit visit) const {
+    for (size_t w = 0; w * 64 < end; ++w)
+      for (uint64_t word = words_[w]; word != 0; word &= word - 1) {
+        const size_t i = w * 64 + size_t(std::countr_zero(word));
+        if (i >= end) return;
+        visit(i);
+      }
+  }
+
+ private:
+  // The bits of word `w` that lie in [first, last].
+  static uint64_t mask(size_t w, size_t first, size_t last) {
+    const uint64_t from = w == first / 64 ? ~uint64_t{0} << (first % 64) : ~uint64_t{0};
+    const uint64_t to = w == last / 64 ? ~uint64_t{0} >> (63 - last % 64) : ~uint64_t{0};
+    return from & to;
+  }
+
+  static constexpr size_t kWords = kBits / 64;
+  uint64_t words_[kWords] = {};
+};
+using OsPageSet = BitSet<kMaxOsPagesPerPage>;
+using BlockSet = BitSet<kMaxBlocksPerPage>;
+
+struct Geometry {
+  size_t os_page;
+  unsigned os_page_shift;  // a shift, not a division, in loops over a page's lines
+  unsigned per_unit;       // OS pages per unit
+};
+
+// 0 OS pages per unit where they do not fit the header's 16 bits (pages under 4 KiB).
+Geometry geometry() {
+  const size_t os_page = os::page_size();
+  const size_t per_unit = kUnitBytes / os_page;
+  return {os_page, floor_log2(os_page), per_unit <= kMaxOsPagesPerUnit ? unsigned(per_unit) : 0};
+}
+
+uint16_t* purged_words(const Page* page) {
+  Segment* segment = segment_of(page);
+  return &segment->sparse_purged[page - segment->pages];
+}
+
+// A unit's OS pages are a power of two of at most 16, so a unit's bits never straddle two
+// words of the set.
+OsPageSet load_purged(const Page* page, Geometry g, bool* any) {
+  OsPageSet set;
+  uint16_t all = 0;
+  const uint16_t* words = purged_words(page);
+  for (unsigned u = 0; u < page->unit_count; ++u) {
+    set.put_bits(u * g.per_unit, words[u]);
+    all = uint16_t(all | words[u]);
+  }
+  *any = all != 0;
+  return set;
+}
+
+void store_purged(Page* page, Geometry g, const OsPageSet& set) {
+  uint16_t* words = purged_words(page);
+  uint16_t any = 0;
+  for (unsigned u = 0; u < page->unit_count; ++u) {
+    const auto word = uint16_t(set.bits(u * g.per_unit, g.per_unit));
+    words[u] = word;
+    any = uint16_t(any | word);
+  }
+  page->given_back = any != 0;
+}
+
+Block* block_at(const Page* page, size_t i) {
+  return reinterpret_cast<Block*>(page->blocks + i * page->block_bytes);
+}
+
+size_t purged_bytes(const Page* page, Geometry g) {
+  size_t count = 0;
+  const uint16_t* words = purged_words(page);
+  for (unsigned u = 0; u < page->unit_count; ++u) count += popcount64(words[u]);
+  return count * g.os_page;
+}
+
+// The first and last block of `page` with a byte on OS page `p` (a whole one of the carved part).
+struct BlockRange {
+  size_t first;
+  size_t last;
+};
+BlockRange blocks_on(const Page* page, Geometry g, size_t p) {
+  return {p * g.os_page / page->block_bytes, ((p + 1) * g.os_page - 1) / page->block_bytes};
+}
+
+// A block's index on its page, by a multiplication: a division for each block of the list
+// walk bounded it at a block per 9 cycles. With m = ceil(2^40 / d) = (2^40 + e) / d, e < d,
+// an offset n = q d + r gives n m / 2^40 = q + (r + n e / 2^40) / d, which floors to q while
+// n e < 2^40: offsets stay under a segment and d under the largest small class.
+class BlockIndex {
+ public:
+  explicit BlockIndex(const Page* page)
+      : blocks_(page->blocks),
+        multiplier_(((uint64_t{1} << kShift) + page->block_bytes - 1) / page->block_bytes) {}
+  size_t operator()(const Block* b) const {
+    const auto offset = uint64_t(reinterpret_cast<const uint8_t*>(b) - blocks_);
+    return size_t((offset * multiplier_) >> kShift);
+  }
+
+ private:
+  static constexpr unsigned kShift = 40;
+  static_assert(kSegmentBytes * kMaxSmallBytes <= uint64_t{1} << kShift);
+  const uint8_t* blocks_;
+  uint64_t multiplier_;
+};
+
+// The blocks with a byte on an OS page of `os_pages` (the first `count` of the page's).
+BlockSet blocks_on_any(const Page* page, Geometry g, const OsPageSet& os_pages, size_t count) {
+  BlockSet blocks;
+  for (size_t p = 0; p < count; ++p)
+    if (os_pages.test(p)) {
+      const BlockRange on = blocks_on(page, g, p);
+      blocks.set_range(on.first, on.last);
+    }
+  return blocks;
+}
+
+// The blocks of `set`, linked in address order in front of `rest`.
+Block* link_blocks(const Page* page, const BlockSet& set, Block* rest) {
+  Block* head = nullptr;
+  Block** tail = &head;
+  set.for_each(page->capacity, [&](size_t i) {
+    *tail = block_at(page, i);
+    tail = &(*tail)->next;
+  });
+  *tail = rest;
+  return head;
+}
+
+// The OS pages a pass gives back, handed to the OS a list at a time (os::purge_ranges): one
+// system call for up to 32 ranges of one or two OS pages, where madvise took one each.
+class GiveBack {
+ public:
+  GiveBack() = default;
+  GiveBack(const GiveBack&) = delete;
+  GiveBack& operator=(const GiveBack&) = delete;
+  ~GiveBack() { flush(); }
+
+  void add(uint8_t* start, size_t bytes) {
+    ranges_[count_++] = {start, bytes, false};
+    if (count_ == os::kPurgeListRanges) flush();
+  }
+
+ private:
+  // Where the OS keeps the pages (locked memory), they must still read as zero for
+  // check_given_back_untouched.
+  void flush() {
+    os::purge_ranges(ranges_, count_);
+    for (size_t i = 0; i < count_; ++i)
+      if (!ranges_[i].purged) std::memset(ranges_[i].start, 0, ranges_[i].bytes);
+    count_ = 0;
+  }
+
+  os::PurgeRange ranges_[os::kPurgeListRanges];
+  size_t count_ = 0;
+};
+
+// A walk of a page's free list waits for one cache miss after another (a fifth of the
+// fragmentation workload's time went there): this loads every carved block's first line in
+// address order first, and the walk then finds them in the cache (4096 lines, 256 KiB, at
+// most). Each load has a prefetch kLoadAheadLines further on ahead of it. Prefetches alone,
+// all issued at once, did not keep up on the AMD EPYC we measure on: in that workload the
+// walk still waited 37 million cycles on top of the 3 that issuing them took; with the loads
+// to pace them it waits 8, after 10 in the loop. Given-back OS pages are left out: nothing on
+// them is on the list, and a load would fault them back in. The stride is a conditional, not
+// std::max: with std::max<size_t> of the 32-bit field, GCC 12 left no prefetch of the loop
+// in the object code at all.
+constexpr size_t kLoadAheadLines = 16;
+
+// A load the compiler cannot see into: the line may hold a live block that another thread
+// writes meanwhile, and the value is never used. Other machines get a prefetch.
+TRAY_INLINE void touch_line(const uint8_t* p) {
+#if defined(__x86_64__)
+  asm volatile("testb $0, (%0)" : : "r"(p) : "cc");
+#elif defined(__aarch64__)
+  uint32_t scratch;
+  asm volatile("ldrb %w0, [%1]" : "=r"(scratch) : "r"(p));
+#else
+  __builtin_prefetch(p);
+#endif
+}
+
+void load_carved(const Page* page, Geometry g, const OsPageSet& purged, bool any_purged) {
+  const size_t stride = page->block_bytes > kCacheLineBytes ? page->block_bytes : kCacheLineBytes;
+  const size_t carved_bytes = size_t(page->capacity) * page->block_bytes;
+  const size_t ahead_bytes = kLoadAheadLines * stride;
+  // An OS page at a time, so that the set is read once for each (a prefetch that lands on one
+  // given back does nothing: prefetches never fault).
+  for (size_t offset = 0; offset < carved_bytes;) {
+    const size_t os_page_end =
+        std::min(carved_bytes, ((offset >> g.os_page_shift) + 1) << g.os_page_shift);
+    if (any_purged && purged.test(offset >> g.os_page_shift)) {
+      offset += (os_page_end - offset + stride - 1) / stride * stride;  // the next block's start
+      continue;
+    }
+    for (; offset < os_page_end; offset += stride) {
+      if (offset + ahead_bytes < carved_bytes)
+        __builtin_prefetch(page->blocks + offset + ahead_bytes);
+      touch_line(page->blocks + offset);
+    }
+  }
+}
+
+// Gives back every OS page of the carved part of `page` whose blocks are all free (on the
+// free list, or out already), and rebuilds the free list, in address order, without them.
+// True if any went back (to `give_back`, which hands them to the OS).
+bool scrub_page(Page* page, Geometry g, GiveBack& give_back) {
+  const size_t block_bytes = page->block_bytes;
+  const size_t capacity = page->capacity;
+  const size_t whole_os_pages = capacity * block_bytes / g.os_page;
+  if (whole_os_pages == 0) return false;
+  TRAY_ASSERT(capacity <= kMaxBlocksPerPage);
+  bool any_purged;
+  const OsPageSet purged = load_purged(page, g, &any_purged);
+  // The blocks that lie (partly) on an OS page given back: on no list. One found there was
+  // freed since, a second time (its key went with the OS page, so free let it through).
+  const BlockSet gone = any_purged ? blocks_on_any(page, g, purged, whole_os_pages) : BlockSet{};
+  load_carved(page, g, purged, any_purged);
+  const BlockIndex index_of(page);
+  BlockSet on_list;
+  for (Block* b = page->free; b != nullptr; b = b->next) {
+    const size_t i = index_of(b);
+    if (kReleaseChecks && any_purged && gone.test(i)) report_sparse_block_reused(b, page);
+    on_list.set(i);
+  }
+  on_list.remove(gone, capacity);  // without the checks: such a block is not linked again
+
+  // A block is out of use if it is on the list or gone.
+  BlockSet out_of_use = on_list;
+  out_of_use.add(gone, capacity);
+
+  OsPageSet merged = purged;
+  bool any_new = false;
+  for (size_t p = 0; p < whole_os_pages; ++p) {
+    if (purged.test(p)) continue;
+    const BlockRange on = blocks_on(page, g, p);
+    if (!out_of_use.all_in(on.first, on.last)) continue;
+    merged.set(p);
+    on_list.clear_range(on.first, on.last);
+    any_new = true;
+  }
+  if (!any_new) return false;
+
+  page->free = link_blocks(page, on_list, nullptr);
+
+  for (size_t p = 0; p < whole_os_pages;) {
+    if (!merged.test(p) || purged.test(p)) {
+      ++p;
+      continue;
+    }
+    size_t end = p + 1;
+    while (end < whole_os_pages && merged.test(end) && !purged.test(end)) ++end;
+    const size_t bytes = (end - p) * g.os_page;
+    give_back.add(page->blocks + p * g.os_page, bytes);
+    count_add(g_totals.bytes_purged, bytes);
+    count_add(g_totals.bytes_decommitted, bytes);
+    p = end;
+  }
+  store_purged(page, g, merged);
+  return true;
+}
+
+// Blocks die at random, so an OS page of small blocks is all free with a fair chance only
+// once the page holds about as few live blocks as it has OS pages. Walking the free list
+// touches every free block, so such a page is looked at again only once half of the live
+// blocks it had then have died. A free block of an OS page or more holds a whole OS page
+// (about one in two for blocks of one to two OS pages), so such pages are worth a look at any
+// live share, and again after any death: their pages hold 8 to 16 blocks, so the walk is short.
+bool worth_a_look(const Page* page, Geometry g) {
+  const size_t used = page->used;
+  if (page->block_bytes >= g.os_page) return page->scrubbed_used == 0 || used < page->scrubbed_used;
+  const size_t os_pages = size_t(page->capacity) * page->block_bytes / g.os_page;
+  if (used * 100 > size_t(page->capacity) * kSparsePagePercent || used > os_pages) return false;
+  return page->scrubbed_used == 0 || used * 2 <= page->scrubbed_used;
+}
+
+}  // namespace
+
+bool sparse_pass(Heap* heap, bool force) {
+  const Geometry g = geometry();
+  if (g.per_unit == 0 || debug_mode()) return false;
+  const uint64_t now = os::now_ms();
+  if (!force && now - heap->sparse_pass_ms < kSparsePassMs) return false;
+  // A heap that saw no pass for that long was parked, or its thread slept: its heads' idle
+  // time counts from now, not from before a new thread adopted it.
+  const bool heads_restart = now - heap->sparse_pass_ms >= kSparseHeadIdleMs;
+  heap->sparse_pass_ms = now;
+  const uint64_t delay_ms = uint64_t(option(Option::kSparseDelayMs));
+  bool released = false;
+  GiveBack give_back;
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    // A class whose head page changed since the last pass is still growing through its queue:
+    // its head reaches the sparse pages soon and would fault back in whatever went (thread
+    // churn, where each new thread adopts the pages of one that ended, lost a page fault per
+    // OS page so). Only a class that went quiet gives its sparse pages back: quiet since the
+    // last pass, or for sparse_delay_ms if that is longer.
+    Page* const head = heap->direct[c];
+    if (head->warm || heads_restart) heap->sparse_class_busy_ms[c] = now;
+    const bool class_busy =
+        (head->warm || now - heap->sparse_class_busy_ms[c] < delay_ms) && !force;
+    // The page allocated from stays as it is while its class uses it. Once it is idle it can
+    // hold most of what the class leaves behind: a class of 16 KiB and more has a head of
+    // 128 KiB to 1 MiB (8 blocks), and the soak's heaps kept 8 MiB of them, nearly empty,
+    // through every phase after the one that used them.
+    if (head->free != heap->sparse_head_free[c] || heads_restart) {
+      heap->sparse_head_free[c] = head->free;
+      heap->sparse_head_since_ms[c] = now;
+    }
+    const bool head_idle = force || now - heap->sparse_head_since_ms[c] >= kSparseHeadIdleMs;
+    for (Page* page = heap->queues[c].head; page != nullptr; page = page->next) {
+      // Empty pages kept for reuse stay as they are; a page that was allocated from since the
+      // last pass may be again soon.
+      const bool warm = page->warm;
+      page->warm = false;
+      if ((page == head && !head_idle) || page->retained || ((warm || class_busy) && !force))
+        continue;
+      if (!force && !worth_a_look(page, g)) continue;
+      page->scrubbed_used = uint16_t(page->used);
+      released |= scrub_page(page, g, give_back);
+    }
+    heap->sparse_head_free[c] = head->free;
+  }
+  return released;
+}
+
+namespace {
+
+// The OS pages given back read as zero until something writes them, and nothing may: their
+// blocks are on no list. One that is in memory again and not all zero had a block freed a
+// second time (its key went with the page, so free let it through, and malloc handed it out)
+// or written after its free. Checked before those blocks are handed out again, which would
+// give one of them to two owners. Only OS pages in memory are read: the rest are untouched.
+void check_given_back_untouched(const Page* page, Geometry g, const OsPageSet& purged) {
+  const size_t os_pages = size_t(page->capacity) * page->block_bytes / g.os_page;
+  unsigned char resident[kMaxOsPagesPerPage];
+  if (os_pages == 0 || !os::resident_pages(page->blocks, os_pages * g.os_page, resident)) return;
+  for (size_t p = 0; p < os_pages; ++p) {
+    if (!purged.test(p) || (resident[p] & 1) == 0) continue;
+    const auto* words = reinterpret_cast<const uint64_t*>(page->blocks + p * g.os_page);
+    for (size_t w = 0; w < g.os_page / sizeof(uint64_t); ++w) {
+      if (words[w] == 0) continue;
+      const size_t offset = p * g.os_page + w * sizeof(uint64_t);
+      report_sparse_block_reused(page->blocks + offset / page->block_bytes * page->block_bytes, page);
+    }
+  }
+}
+
+// Nearly every page never gave an OS page back: its descriptor says so, before a set is built
+// (that cost the mixed batch benchmark 0.8 instructions per pair in sparse_refill) or a line
+// of the segment header is read (a cache miss, nearly always: the fragmentation workload
+// takes 99 thousand pages without free blocks at scale 0.3, and sparse_refill asks for each).
+bool any_given_back(const Page* page) {
+#ifndef NDEBUG
+  const uint16_t* words = purged_words(page);
+  uint16_t given_back = 0;
+  for (unsigned u = 0; u < page->unit_count; ++u) given_back = uint16_t(given_back | words[u]);
+  TRAY_ASSERT((given_back != 0) == bool(page->given_back));
+#endif
+  return page->given_back;
+}
+
+}  // namespace
+
+bool sparse_refill(Page* page) {
+  if (!any_given_back(page)) return false;
+  const Geometry g = geometry();
+  if (g.per_unit == 0) return false;
+  bool any;
+  const OsPageSet purged = load_purged(page, g, &any);
+  if (!any) return false;
+  if (kReleaseChecks) check_given_back_untouched(page, g, purged);
+  const size_t os_pages = size_t(page->capacity) * page->block_bytes / g.os_page;
+  page->free = link_blocks(page, blocks_on_any(page, g, purged, os_pages), page->free);
+  count_sub(g_totals.bytes_decommitted, purged_bytes(page, g));
+  store_purged(page, g, OsPageSet{});
+  page->scrubbed_used = 0;
+  return true;
+}
+
+void sparse_forget(Page* page) {
+  if (!any_given_back(page)) return;
+  const Geometry g = geometry();
+  if (g.per_unit == 0) return;
+  // The second free of a block on a given-back OS page wrote its link and key there: the
+  // page reads as something other than zero again. A look at those OS pages alone finds it,
+  // where a walk of the list (every block of a page that is now empty) took an eighth of the
+  // sparse pass's time again in the fragmentation workload.
+  if (kReleaseChecks) {
+    bool any;
+    check_given_back_untouched(page, g, load_purged(page, g, &any));
+  }
+  count_sub(g_totals.bytes_decommitted, purged_bytes(page, g));
+  store_purged(page, g, OsPageSet{});
+}
+
+}  // namespace tray

@@ -1,0 +1,137 @@
+// The structures of thread heaps, with the rules for who may touch what.
+//
+//  heap = one per thread: a queue of pages per size class; heaps outlive their threads and
+//         are handed to the next thread that starts
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/core.hpp"
+#include "heap/config.hpp"
+#include "segment/segment.hpp"
+#include "size_classes/size_classes.hpp"
+#include "span/span.hpp"
+#include "stats/stats.hpp"
+
+namespace tray {
+
+struct Quarantine;
+class ReclaimTable;
+
+// The samplers that pick allocations out of the byte stream (see sample_countdown.hpp), as bits.
+enum Sampler : unsigned { kSamplerProf = 1u << 0, kSamplerGuard = 1u << 1 };
+inline constexpr unsigned kSamplerCount = 2;
+
+// Each heap counts the bytes allocated down in one countdown per stream: a size class, or
+// kSampleStreamLarge for the requests served away from the small pools (sample_countdown.hpp).
+inline constexpr unsigned kSampleStreamLarge = kSizeClassCount;
+inline constexpr unsigned kSampleStreams = kSizeClassCount + 1;
+
+// A heap's sampling state beside its countdowns. Written by the owner thread only; `armed` and
+// `charged` are read by statistics dumps too (sample_requested_bytes).
+struct SampleState {
+  int64_t armed[kSampleStreams]{};    // the stream's countdown when it was last armed
+  int64_t charged[kSampleStreams]{};  // bytes the stream counted down before that
+  int64_t left[kSampleStreams][kSamplerCount]{};  // per sampler: bytes to go when armed; <0: off
+  uint64_t rng = 0;                   // xorshift state for the exponential draws
+  uint32_t generation = 0;            // sample options generation the heap was armed for
+};
+
+// One queue of pages per size class; `direct[c]` is the head of queue c, or the shared empty
+// page, so that the fast path never tests for "no page".
+struct PageQueue {
+  Page* head = nullptr;
+  Page* tail = nullptr;
+};
+
+// What a heap last saw of the owner one of its buckets gathered for: how many times that owner
+// had taken its remote stack in, and since when that count stood still while blocks waited
+// there (remote_flush_and_reclaim in remote.cpp). It outlives the bucket's batches.
+struct RemoteWatch {
+  Heap* owner = nullptr;
+  Block* left = nullptr;    // what the last look pushed back onto the owner's stack
+  uint32_t drains = 0;
+  uint32_t since_ms = 0;    // the clock's low bits (differences wrap safely); 0: not looked yet
+};
+
+// Blocks on their way to one owner heap: a list built by the freeing thread alone, sent to the
+// owner's remote_free stack in one compare-and-swap when it holds kRemoteBatchBlocks blocks,
+// when a block for another owner needs the bucket, or before the sender takes a new page.
+// The list is a chain of runs, each of blocks of one page, that the owner puts back on their
+// page whole (remote.cpp).
+// Two cache lines, so that a bucket's address is a shift of its index.
+struct alignas(kCacheLineBytes) RemoteBucket {
+  Heap* target = nullptr;
+  Block* head = nullptr;     // the newest run's first block
+  Block* tail = nullptr;     // the last block of the oldest run
+  Page* run_page = nullptr;  // the page of the newest run, while more of its blocks may join
+  uint32_t count = 0;
+  // Runs by the bucket's count at their start, modulo kRemotePrefetchRuns (nullptr: none yet).
+  Block* recent[kRemotePrefetchRuns] = {};
+  RemoteWatch watch;  // in the bytes the second line had to spare
+};
+static_assert(sizeof(RemoteBucket) == 2 * kCacheLineBytes);
+
+// Which of a sender's buckets gathers for `owner`. Heaps are cache-line aligned and thousands
+// of bytes apart: the bits above the line offset, mixed by a multiplicative hash, spread owners
+// over the buckets. Each page keeps its owner's (Page::heap_bucket), so that a foreign free
+// reads it next to `heap` instead of computing it.
+inline uint8_t remote_bucket_of(const Heap* owner) {
+  const uint64_t key = (reinterpret_cast<uintptr_t>(owner) >> 6) * 0x9E3779B97F4A7C15ULL;
+  return uint8_t(key >> (64 - kRemoteBucketShift));
+}
+
+struct Heap {
+  explicit constexpr Heap(Page* empty_page) {
+    for (auto& page : direct) page = empty_page;
+    for (unsigned stream = 0; stream < kSampleStreams; ++stream)
+      sample_countdown[stream] = sampling.armed[stream] = INT64_MAX;
+    for (size_t size = 0; size <= kLookupLimitBytes; ++size)
+      class_of_size[size] = kClassTables.class_of_lookup[size];
+  }
+
+  // Per stream (a size class, or kSampleStreamLarge), bytes the thread may still allocate
+  // before its next sampled allocation there: every allocation subtracts its size, and the one
+  // that takes it below zero goes to the slow path (sample_countdown.hpp). INT64_MAX while no sampler is
+  // on, which no program allocates. What a class counted down is its requested bytes.
+  int64_t sample_countdown[kSampleStreams];
+  Page* direct[kSizeClassCount];
+  // The size -> class table up to kLookupLimitBytes (size_classes.hpp), copied into every heap:
+  // the fast path reaches it from the heap pointer it holds, where the global table costs it
+  // one more instruction (loading the table's address).
+  uint8_t class_of_size[kLookupLimitBytes + 1];
+  PageQueue queues[kSizeClassCount];
+  Heap* next_abandoned = nullptr;    // parked without a thread (g_parked in heap.cpp)
+  uint64_t parked_ms = 0;            // when it was parked (written before it is)
+  Heap* next_created = nullptr;      // every heap ever made, newest first; never unlinked
+  Quarantine* quarantine = nullptr;  // debug mode: blocks freed but not yet reusable
+  size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
+  uint64_t sparse_pass_ms = 0;       // the last pass over sparse pages (sparse.cpp)
+  // Per class, the head page's free list as a sparse pass last saw it, and since when the
+  // passes have seen it so: a head neither allocated from nor freed into for
+  // kSparseHeadIdleMs is looked at like the other pages (sparse.cpp).
+  Block* sparse_head_free[kSizeClassCount] = {};
+  uint64_t sparse_head_since_ms[kSizeClassCount] = {};
+  // Per class, when a sparse pass last saw it take a new page (sparse_delay_ms).
+  uint64_t sparse_class_busy_ms[kSizeClassCount] = {};
+  // Blocks this heap's thread freed into other heaps, gathered per owner so that frees to
+  // several owners, interleaved, still cost one compare-and-swap per batch (see RemoteBucket).
+  RemoteBucket outgoing[kRemoteBuckets];
+  HeapCounters counters;
+  SampleState sampling;
+  // Blocks of this heap's pages freed by other threads: a lock-free stack that the owner
+  // takes whole. On its own cache line so remote frees do not slow the owner's fields.
+  alignas(kCacheLineBytes) std::atomic<Block*> remote_free{nullptr};
+  // How many times remote_free was taken in: written by whoever does that (the owner, or the
+  // collector of a parked heap, one at a time) with a load and a store; read by senders, to
+  // tell an owner that stopped taking its blocks in.
+  std::atomic<uint32_t> drains{0};
+  // Where this heap's thread counts pages when it looks at an idle owner's stack (remote.cpp):
+  // mapped at its first look; too big for a thread's stack inside malloc.
+  ReclaimTable* reclaim_table = nullptr;
+  SpanCache span_cache;
+};
+
+}  // namespace tray

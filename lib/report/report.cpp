@@ -1,0 +1,213 @@
+#include "report/report.hpp"
+
+#include <errno.h>
+#include <unistd.h>
+
+#include "core/core.hpp"
+#include "events/events.hpp"
+#include "heap/heap.hpp"
+#include "large/large.hpp"
+#include "options/options.hpp"
+#include "platform/platform.hpp"
+#include "report/stats_print.hpp"
+#include "segment/segment.hpp"
+#include "size_classes/size_classes.hpp"
+#include "stats/stats.hpp"
+
+namespace tray {
+
+namespace {
+
+static_assert(kSizeClassCount <= TRAY_STATS_MAX_CLASSES);
+
+// Where dumps go without stats_file. Some programs (coreutils among them) close stderr in an
+// exit handler that runs before library destructors, so stats=1 keeps a copy from the start.
+int g_dump_fd = STDERR_FILENO;
+int g_installed_signal = 0;
+std::atomic<int> g_dumping_thread{0};  // thread id of the dump in progress, 0 for none
+
+// Not a mutex: a signal handler may interrupt the very thread that holds it.
+bool begin_dump() {
+  const int self = os::thread_id();
+  int expected = 0;
+  while (!g_dumping_thread.compare_exchange_weak(expected, self, std::memory_order_acquire)) {
+    if (expected == self) return false;
+    expected = 0;
+    os::yield_thread();
+  }
+  return true;
+}
+
+void end_dump() { g_dumping_thread.store(0, std::memory_order_release); }
+
+uint64_t load(const std::atomic<size_t>& counter) { return counter.load(std::memory_order_relaxed); }
+
+void collect_classes(tray_stats* out) {
+  out->class_count = kSizeClassCount;
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    heap_sample_peak(c);
+    tray_class_stats& entry = out->classes[c];
+    entry = tray_class_stats{};
+    entry.block_bytes = class_size(c);
+    entry.page_bytes = class_slab_units(c) * kUnitBytes;
+    entry.blocks_per_page = class_blocks_per_page(c);
+    const ClassTotals& totals = g_totals.classes[c];
+    entry.frees = totals.unowned_frees.load(std::memory_order_relaxed);
+    entry.pages = totals.pages.load(std::memory_order_relaxed);
+    entry.peak_pages = totals.peak_pages.load(std::memory_order_relaxed);
+    entry.peak_live_blocks = totals.peak_live_blocks.load(std::memory_order_relaxed);
+  }
+  uint64_t remote_frees = load(g_totals.unowned_remote_frees);
+  for (const Heap* heap = heap_list(); heap != nullptr; heap = heap->next_created) {
+    const HeapCounters& counters = heap->counters;
+    for (unsigned c = 0; c < kSizeClassCount; ++c) {
+      out->classes[c].allocations += counter_read(counters.allocations[c]);
+      out->classes[c].frees += counter_read(counters.frees[c]);
+      out->classes[c].requested_bytes += sample_requested_bytes(heap, c);
+    }
+    remote_frees += counter_read(counters.remote_frees);
+  }
+  out->remote_frees = remote_frees;
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    tray_class_stats& entry = out->classes[c];
+    // Threads that run on while we read can make frees overtake allocations for a moment.
+    entry.live_blocks = entry.allocations > entry.frees ? entry.allocations - entry.frees : 0;
+    if (entry.peak_live_blocks < entry.live_blocks) entry.peak_live_blocks = entry.live_blocks;
+  }
+}
+
+void collect_memory(tray_stats* out) {
+  const uint64_t segments = load(g_totals.segments_mapped);
+  const uint64_t segment_bytes = segments * kSegmentBytes;
+  const uint64_t metadata = load(g_totals.bytes_metadata);
+  const uint64_t large_mapped = load(g_totals.bytes_mapped) - segment_bytes;
+  out->large.allocations = load(g_totals.large_allocations);
+  out->large.frees = load(g_totals.large_frees);
+  // Read apart from each other: a block allocated and freed in between can put frees ahead.
+  out->large.live_blocks =
+      out->large.allocations > out->large.frees ? out->large.allocations - out->large.frees : 0;
+  out->large.live_bytes = load(g_totals.bytes_large);
+  out->large.peak_bytes = load(g_totals.bytes_large_peak);
+  out->large.mapped_bytes = large_mapped;
+  size_t cached_blocks, cached_bytes;
+  large_cache_usage(&cached_blocks, &cached_bytes);
+  out->large.cached_blocks = cached_blocks;
+  out->large.cached_bytes = cached_bytes;
+  out->mapped_bytes = load(g_totals.bytes_mapped) + metadata;
+  const uint64_t decommitted = load(g_totals.bytes_decommitted);
+  out->committed_bytes = (segment_bytes > decommitted ? segment_bytes - decommitted : 0) +
+                         load(g_totals.bytes_large_committed) + metadata;
+  out->resident_bytes = os::resident_bytes();
+  out->released_bytes = load(g_totals.bytes_purged);
+  out->metadata_bytes = metadata + segments * align_up(sizeof(Segment), os::page_size());
+  out->segments = segments;
+}
+
+void collect_process(tray_stats* out) {
+  out->threads_alive = load(g_totals.threads_attached);
+  out->threads_exited = load(g_totals.threads_exited);
+  out->heaps_created = load(g_totals.heaps_created);
+  out->foreign_frees = load(g_totals.foreign_frees);
+  out->debug_errors = load(g_totals.debug_errors);
+  out->os_mmap = os::g_calls.mmap.load(std::memory_order_relaxed);
+  out->os_munmap = os::g_calls.munmap.load(std::memory_order_relaxed);
+  out->os_madvise = os::g_calls.madvise.load(std::memory_order_relaxed);
+  out->os_mremap = os::g_calls.mremap.load(std::memory_order_relaxed);
+  out->os_mprotect = os::g_calls.mprotect.load(std::memory_order_relaxed);
+}
+
+void write_to_fd(void* context, const char* text, size_t length) {
+  os::write_fd(*static_cast<int*>(context), text, length);
+}
+
+}  // namespace
+
+// A dump where the options say: stats_file (appended: one dump after another), else stderr.
+void stats_dump_as_configured(const char* reason) {
+  int fd = g_dump_fd;
+  bool opened = false;
+  const char* pattern = option_stats_file();
+  if (pattern[0] != '\0') {
+    char path[640];
+    const int file = expand_path(pattern, 0, path, sizeof path) ? os::open_append(path) : -1;
+    if (file >= 0) {
+      fd = file;
+      opened = true;
+    } else {
+      static constexpr char kWarning[] = "traymalloc: cannot open stats_file; dumping to stderr\n";
+      os::write_fd(g_dump_fd, kWarning, sizeof kWarning - 1);
+    }
+  }
+  stats_dump(reason, write_to_fd, &fd,
+             option(Option::kStatsFormat) == kStatsJson ? DumpFormat::kJson : DumpFormat::kText);
+  if (opened) os::close_fd(fd);
+}
+
+// A fork in the middle of another thread's dump must not leave the child waiting for it.
+void report_after_fork_child() { g_dumping_thread.store(0, std::memory_order_relaxed); }
+
+namespace {
+
+void dump_on_signal(int) { stats_dump_as_configured("signal"); }
+
+__attribute__((constructor)) void stats_at_start() {
+  if (option(Option::kStats) != 0) {
+    const int fd = os::duplicate_fd(STDERR_FILENO);
+    if (fd >= 0) g_dump_fd = fd;
+  }
+  report_options_changed();
+}
+
+// Runs at exit (and at dlclose, which -z nodelete rules out for the .so).
+__attribute__((destructor)) void stats_at_exit() {
+  if (option(Option::kStats) != 0) stats_dump_as_configured("exit");
+}
+
+}  // namespace
+
+void stats_collect(tray_stats* out) {
+  collect_classes(out);
+  collect_memory(out);
+  collect_process(out);
+}
+
+bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format) {
+  if (!begin_dump()) return false;
+  tray_stats stats;
+  stats.version = TRAY_STATS_VERSION;
+  stats_collect(&stats);
+  int fd = STDERR_FILENO;
+  const StatsSink sink = write != nullptr ? StatsSink{write, context} : StatsSink{write_to_fd, &fd};
+  switch (format) {
+    case DumpFormat::kText: stats_print_text(stats, os::process_id(), reason, sink); break;
+    case DumpFormat::kJson: stats_print_json(stats, os::process_id(), reason, sink); break;
+    case DumpFormat::kMallocInfoXml: stats_print_xml(stats, sink); break;
+  }
+  end_dump();
+  return true;
+}
+
+void report_options_changed() {
+  if (option(Option::kStatsInterval) > 0) purger_notify();
+  install_signal_option(Option::kStatsSignal, &g_installed_signal, dump_on_signal);
+}
+
+}  // namespace tray
+
+using namespace tray;
+
+extern "C" {
+
+TRAY_EXPORT int tray_stats_get(tray_stats* out) {
+  if (out == nullptr || out->version != TRAY_STATS_VERSION) return EINVAL;
+  stats_collect(out);
+  return 0;
+}
+
+TRAY_EXPORT int tray_stats_print(tray_write_fn write, void* context, unsigned flags) {
+  if (flags > TRAY_STATS_JSON) return EINVAL;
+  const DumpFormat format = flags == TRAY_STATS_JSON ? DumpFormat::kJson : DumpFormat::kText;
+  return stats_dump("api", write, context, format) ? 0 : EBUSY;
+}
+
+}  // extern "C"

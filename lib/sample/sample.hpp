@@ -1,0 +1,19 @@
+// The samplers: what an allocation that the heaps' sampling countdowns chose
+// (heap/sample_countdown.hpp) becomes. Heap profiles (prof.hpp) record it with its stack;
+// guarded sampling (guard.hpp) places it between inaccessible OS pages.
+#pragma once
+
+#include <cstddef>
+
+#include "sample/guard.hpp"
+#include "sample/prof.hpp"
+
+namespace tray {
+
+// A block of `size` bytes aligned to `alignment` (zeroed if `zero`) from the samplers in
+// `fired` (Sampler bits), or nullptr when none of them takes this allocation: the caller then
+// allocates as usual. Every sampler that fired sees the allocation, whoever places it. The
+// handler of g_events.sampled_alloc.
+void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero);
+
+}  // namespace tray

@@ -1,7 +1,0 @@
-#include "stats.hpp"
-
-namespace tray {
-
-constinit Totals g_totals;
-
-}  // namespace tray

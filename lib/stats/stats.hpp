@@ -1,0 +1,110 @@
+// Counters. Process-wide ones are relaxed atomics bumped on slow paths (page and segment
+// turnover, large blocks, thread life cycle). Per-class allocation and free counts are kept in
+// each heap (HeapCounters) as plain integers that only the heap's thread writes, so the fast
+// path pays an add and no atomic; dumps add the heaps up. Per-class requested bytes cost the
+// fast path nothing of their own: they are what the class's sampling countdown counted down
+// (sample_requested_bytes).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <new>
+
+#include "core/core.hpp"
+#include "platform/platform.hpp"
+#include "size_classes/size_classes.hpp"
+
+// CMake TRAY_STATS=OFF compiles the per-heap counters out (to measure what they cost).
+#ifndef TRAY_STATS_COUNTERS
+#define TRAY_STATS_COUNTERS 1
+#endif
+
+namespace tray {
+
+struct HeapCounters {
+  uint64_t allocations[kSizeClassCount] = {};
+  uint64_t frees[kSizeClassCount] = {};  // counted by the freeing thread, wherever the block lives
+  uint64_t remote_frees = 0;             // frees of blocks that live in another heap
+};
+
+// A heap's own counter. Other threads read these while it runs (dumps, peak sampling), which
+// is harmless on every machine we run on; ThreadSanitizer cannot know that, so its builds use
+// relaxed atomic loads and stores (still no read-modify-write).
+TRAY_INLINE void counter_add(uint64_t& counter, uint64_t n) {
+#if defined(TRAY_TSAN)
+  __atomic_store_n(&counter, __atomic_load_n(&counter, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
+#else
+  counter += n;
+#endif
+}
+TRAY_INLINE uint64_t counter_read(const uint64_t& counter) {
+  return __atomic_load_n(&counter, __ATOMIC_RELAXED);
+}
+// The same for a sampling countdown: subtracts n and returns what is left.
+TRAY_INLINE int64_t countdown_sub(int64_t& countdown, int64_t n) {
+#if defined(TRAY_TSAN)
+  const int64_t left = __atomic_load_n(&countdown, __ATOMIC_RELAXED) - n;
+  __atomic_store_n(&countdown, left, __ATOMIC_RELAXED);
+  return left;
+#else
+  return countdown -= n;
+#endif
+}
+
+struct ClassTotals {
+  std::atomic<uint64_t> pages{0};
+  std::atomic<uint64_t> peak_pages{0};
+  std::atomic<uint64_t> peak_live_blocks{0};
+  std::atomic<uint64_t> unowned_frees{0};  // frees by threads that never had a heap
+};
+
+struct Totals {
+  std::atomic<size_t> bytes_mapped{0};         // segments and large mappings
+  std::atomic<size_t> bytes_decommitted{0};    // of the segments: free units not resident
+  std::atomic<size_t> bytes_large_committed{0};  // of the large mappings: touched, not purged
+  std::atomic<size_t> bytes_metadata{0};       // mapped for heaps and debug tables
+  std::atomic<size_t> bytes_large{0};          // usable bytes of live large blocks
+  std::atomic<size_t> bytes_large_peak{0};
+  std::atomic<size_t> bytes_purged{0};
+  std::atomic<size_t> segments_mapped{0};
+  std::atomic<size_t> large_allocations{0};
+  std::atomic<size_t> large_frees{0};
+  std::atomic<size_t> heaps_created{0};
+  std::atomic<size_t> heaps_abandoned{0};      // parked, waiting for a thread
+  std::atomic<size_t> threads_attached{0};     // threads that own a heap now
+  std::atomic<size_t> threads_exited{0};
+  std::atomic<size_t> unowned_remote_frees{0};
+  std::atomic<size_t> foreign_frees{0};
+  std::atomic<size_t> debug_errors{0};
+  ClassTotals classes[kSizeClassCount];
+};
+
+extern Totals g_totals;
+
+inline void count_add(std::atomic<size_t>& counter, size_t n) {
+  counter.fetch_add(n, std::memory_order_relaxed);
+}
+inline void count_sub(std::atomic<size_t>& counter, size_t n) {
+  counter.fetch_sub(n, std::memory_order_relaxed);
+}
+// Memory for the allocator's own tables (a heap's side tables, debug and profile tables),
+// counted in bytes_metadata; zeroed, as a fresh mapping is. nullptr if the OS refuses.
+inline void* map_metadata(size_t bytes) {
+  void* memory = os::map(bytes);
+  if (memory != nullptr) count_add(g_totals.bytes_metadata, bytes);
+  return memory;
+}
+// One such table, a T built in OS pages of its own (a heap's side tables). nullptr as above.
+template <class T>
+T* new_metadata() {
+  void* memory = map_metadata(align_up(sizeof(T), os::page_size()));
+  return memory != nullptr ? new (memory) T : nullptr;
+}
+inline void count_max(std::atomic<size_t>& counter, size_t value) {
+  size_t seen = counter.load(std::memory_order_relaxed);
+  while (value > seen && !counter.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace tray
