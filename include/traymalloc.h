@@ -71,7 +71,7 @@ TRAY_EXPORT int tray_prof_dump_peak(const char* path);
 #define TRAY_MAX_ALIGNMENT ((size_t)1 << 29)
 
 /* --- options ------------------------------------------------------------------------------
- * Sets a run-time option, as TRAY_OPTIONS="name=value" would (see the README for the list).
+ * Sets a run-time option, as TRAY_OPTIONS="name=value" would (see docs/GUIDE.md, "Run-time options").
  * Returns 0, EINVAL (unknown name or bad value; a warning goes to stderr) or EBUSY ("debug"
  * once the allocator has started: set it before the first allocation, or use TRAY_OPTIONS). */
 TRAY_EXPORT int tray_option_set(const char* name, const char* value);
@@ -136,7 +136,7 @@ TRAY_EXPORT int tray_stats_get(tray_stats* out);
 
 typedef void (*tray_write_fn)(void* context, const char* text, size_t length);
 #define TRAY_STATS_TEXT 0u /* aligned table, human units */
-#define TRAY_STATS_JSON 1u /* one JSON object on one line (format in the README) */
+#define TRAY_STATS_JSON 1u /* one JSON object on one line (format: docs/GUIDE.md, "Statistics") */
 /* Writes a dump through write(context, ...) in pieces (stderr if write is NULL). Never
  * allocates. Dumps of different threads take turns. Returns 0, EINVAL for unknown flags, or
  * EBUSY when called from a signal handler that interrupted a dump of the same thread. */

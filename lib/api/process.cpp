@@ -11,8 +11,7 @@
 //   4. the large cache: its deferred unmaps, then the cache itself (large/large_cache.cpp)
 //   5. the span arenas, in index order (span/span.cpp)
 //   6. the segment pool              (segment/segment.cpp)
-// The platform's own locks (the unwinder's, the setup lock below) are leaves: nothing is
-// taken under them.
+// The set-up lock below is a leaf: nothing is taken under it.
 
 #include "api/api.hpp"
 #include "events/events.hpp"

@@ -15,6 +15,7 @@ inline constexpr size_t kPageExtendBytes = 4096;
 // every other allocation down the slow path.
 inline constexpr uint32_t kPageExtendMinBlocks = 4;
 
+// A page whose live blocks are at most this share of its carved blocks, and that nothing
 // allocated from for a pass or two, gives its OS pages that hold only free blocks back to the
 // OS (sparse.cpp). Such pages are left over from a phase whose class went out of use.
 inline constexpr size_t kSparsePagePercent = 50;

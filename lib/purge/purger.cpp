@@ -73,8 +73,8 @@ bool retire() {
 // Passes, each followed by a sleep until the next deadline, or until purger_notify if nothing
 // waits. While a thread of the program holds a heap, the thread stays: a free cannot start
 // it, so one that ended would leave what the program frees from then on, before it goes
-// quiet, to its next allocation slow path, which may never come. Large blocks need no heap:
-// a program whose threads use only those keeps the thread for as long as it has work.
+// quiet, to its next allocation slow path, which may never come. A thread whose first request
+// is large gets a heap too, so the same holds for threads that use only large blocks.
 // purge_thread=0, set while it runs, ends it when it next wakes, for good.
 void purger_main() {
   tls_in_purger = true;

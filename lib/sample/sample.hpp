@@ -12,8 +12,8 @@ namespace tray {
 
 // A block of `size` bytes aligned to `alignment` (zeroed if `zero`) from the samplers in
 // `fired` (Sampler bits), or nullptr when none of them takes this allocation: the caller then
-// allocates as usual. Every sampler that fired sees the allocation, whoever places it. The
-// handler of g_events.sampled_alloc.
+// allocates as usual. A guarded slot goes first; the profile records the allocation only when
+// no slot takes it. The handler of g_events.sampled_alloc.
 void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero);
 
 }  // namespace tray

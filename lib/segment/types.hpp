@@ -81,7 +81,7 @@ struct Segment {
   Page pages[kUnitsPerSegment];
   // Debug mode only, indexed like pages: one word per block of the page, written with atomics
   // by whichever thread allocates or frees the block (see debug.cpp); mapped on the page's
-  // first debug allocation. Kept out of Page so that Page stays 64 bytes.
+  // first debug allocation. Kept out of Page so that Page stays two cache lines.
   uint32_t* debug_states[kUnitsPerSegment];
   // Bit i of unit u: the i-th OS page of the unit was given back while its page kept live
   // blocks elsewhere, and the blocks that overlap it are on no free list (see sparse.cpp).

@@ -8,7 +8,8 @@
 
 namespace tray {
 
-// Classes up to this size are pooled; larger requests get a mapping of their own.
+// Classes up to this size are pooled; larger requests are large blocks (span blocks or
+// mappings of their own, large/).
 inline constexpr size_t kMaxSmallBytes = size_t{128} << 10;          // 128 KiB
 
 }  // namespace tray

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one mode of misuse.c (a heap mistake) under libtraymalloc.so three ways:
 #   debug    TRAY_OPTIONS=debug=1: the exact report line, a backtrace, then SIGABRT (status 134);
-#   plain    no options: the mistake goes unnoticed, as README says of release builds, except a
+#   plain    no options: the mistake goes unnoticed, as docs/GUIDE.md says of release builds, except a
 #            double free of a small block, which release builds stop too (unless built with
 #            TRAY_DOUBLE_FREE_CHECK=OFF; TRAY_RELEASE_DOUBLE_FREE_CHECK=0 says so);
 #   go-on    debug=1,debug_abort=0,stats=1: the report, the program finishes, and the
