@@ -1,4 +1,9 @@
 // The core's entry points (api.hpp) and the prefixed C API (traymalloc.h).
+//
+// Debug mode is chosen here and nowhere below: the slow paths and the entry points without a
+// fast path test it and hand the call to debug/. A thread in debug mode holds a checked heap
+// (HeapUse::kChecked), which leaves tls_heap at &g_empty_heap, so its fast paths always miss
+// and come here.
 #include "api/api.hpp"
 
 #include <errno.h>
@@ -132,7 +137,7 @@ TRAY_NOINLINE void* alloc_large_slow(size_t size, size_t alignment, bool zero) {
   if (size > kMaxRequestBytes) return out_of_memory();
   // A thread whose first request is a large one gets its heap here: for the span blocks it
   // keeps for itself (span_cache.hpp), and for the sampler.
-  if (TRAY_UNLIKELY(tls_own_heap == nullptr)) heap_attach_thread();
+  if (TRAY_UNLIKELY(tls_own_heap == nullptr)) heap_attach_thread(HeapUse::kFastPaths);
   if (Heap* heap = tls_own_heap; heap != nullptr) {
     if (void* sampled = sample_large(heap, size, alignment, zero); sampled != nullptr) return sampled;
   }

@@ -212,7 +212,7 @@ bool link_is_valid(const Page* page, const Block* link) {
 
 Heap* own_heap() {
   Heap* heap = tls_own_heap;
-  return heap != nullptr ? heap : heap_attach_thread();
+  return heap != nullptr ? heap : heap_attach_thread(HeapUse::kChecked);
 }
 
 // --- the live block behind a pointer -------------------------------------------------------

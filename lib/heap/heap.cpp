@@ -119,11 +119,11 @@ void release_page(Heap* heap, Page* page) {
 }
 
 // Returns every page of the heap that holds no live block (after taking in remote frees).
-// Debug mode keeps them: a page that changed class could turn a stale pointer into a valid
+// A checked heap keeps them: a page that changed class could turn a stale pointer into a valid
 // block of another size, and a double free into a free of somebody else's block.
 bool release_empty_pages(Heap* heap) {
   remote_drain(heap);
-  if (debug_mode()) return false;
+  if (heap->checked) return false;
   bool released = false;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     for (Page* page = heap->queues[c].head; page != nullptr;) {
@@ -256,7 +256,7 @@ Page* find_page(Heap* heap, unsigned c) {
 // threads still running took fresh ones from the pool. What goes back now waits there dirty,
 // so the others reuse it without faulting it in.
 void trim_parked_empty(Heap* heap) {
-  if (debug_mode()) return;
+  if (heap->checked) return;
   size_t kept = heap->retained_bytes;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     Page* page = heap->direct[c];
@@ -292,7 +292,7 @@ namespace {
 
 // The thread's first allocation: a heap first.
 TRAY_NOINLINE void* first_malloc_slow(unsigned size_class, size_t size) {
-  Heap* heap = heap_attach_thread();
+  Heap* heap = heap_attach_thread(HeapUse::kFastPaths);
   if (heap == nullptr) {
     errno = ENOMEM;
     return nullptr;
@@ -346,12 +346,12 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
   }
   if (page->used == 0) {  // never the head: its extra count keeps it above zero
     const size_t bytes = size_t(page->unit_count) * kUnitBytes;
-    if (heap->retained_bytes + bytes <= kHeapRetainedBytes || debug_mode()) {
+    if (heap->retained_bytes + bytes <= kHeapRetainedBytes || heap->checked) {
       page->retained = true;
       heap->retained_bytes += bytes;
-      // Debug mode checks each block's link when it hands the block out again; its pages keep
-      // their lists as they are.
-      if (page->came_home && !debug_mode()) page_recarve(page);
+      // Debug mode checks each block's link when it hands the block out again; a checked
+      // heap's pages keep their lists as they are.
+      if (page->came_home && !heap->checked) page_recarve(page);
     } else {
       release_page(heap, page);
     }
@@ -370,7 +370,7 @@ TRAY_NOINLINE void free_remote_unusual(Page* page, Block* block) {
   // A thread that frees what others allocated, and never allocated itself (a consumer), gets a
   // heap here: without buckets to gather in, each block went home alone, a compare-and-swap on
   // the owner's stack per free and a one-block run for the owner to take in.
-  if (TRAY_UNLIKELY(tls_heap == &g_empty_heap) && tls_own_heap == nullptr) heap_attach_thread();
+  if (TRAY_UNLIKELY(tls_heap == &g_empty_heap) && tls_own_heap == nullptr) heap_attach_thread(HeapUse::kFastPaths);
   heap_count_free(tls_heap, page);
   if (TRAY_UNLIKELY(page->heap == g_locked_heap.load(std::memory_order_relaxed)))
     return g_locked_heap_free(block);
@@ -412,7 +412,7 @@ void heap_free_block(Heap* self, Page* page, Block* block) noexcept {
   else remote_send(self, page, block);
 }
 
-Heap* heap_attach_thread() {
+Heap* heap_attach_thread(HeapUse use) {
   Heap* heap;
   {
     os::LockGuard guard(g_heaps_lock);
@@ -429,7 +429,8 @@ Heap* heap_attach_thread() {
     }
   }
   tls_own_heap = heap;
-  if (!debug_mode()) {
+  heap->checked = use == HeapUse::kChecked;
+  if (!heap->checked) {
     tls_heap = heap;
     span_cache_attach(&heap->span_cache);
   }
@@ -507,7 +508,7 @@ bool heap_trim() {
 
 void heap_exchange_remote() noexcept {
   Heap* heap = tls_own_heap;
-  if (heap == nullptr || debug_mode()) return;
+  if (heap == nullptr || heap->checked) return;
   remote_flush(heap);
   if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(heap);
   sparse_pass(heap, false);

@@ -22,8 +22,8 @@
 namespace tray {
 
 // The heap the fast paths use: the calling thread's heap, or &g_empty_heap until its first
-// allocation, and for good in debug mode, so that every call there takes a slow path that
-// checks it. Initial-exec TLS by default (-ftls-model, see TRAY_TLS_MODEL): one instruction.
+// allocation, and for good when its heap is a checked one (HeapUse::kChecked), so that every
+// call there takes a slow path that checks it. Initial-exec TLS by default (-ftls-model, see TRAY_TLS_MODEL): one instruction.
 extern __thread Heap* tls_heap;
 // The heap the calling thread owns (nullptr before its first allocation), in every mode.
 extern __thread Heap* tls_own_heap;
@@ -61,8 +61,13 @@ extern constinit std::atomic<Heap*> g_locked_heap;
 // the blocks it freed into other heaps, and takes in those freed into its own, so that pages
 // emptied by other threads go back to the pool.
 void heap_exchange_remote() noexcept;
+// What a thread's heap is for, chosen by the layer above at the thread's first request:
+// kFastPaths makes it tls_heap; kChecked (debug mode) leaves tls_heap at &g_empty_heap, so that
+// every request and free takes the slow path to the checks, and makes the heap a checked one
+// (Heap::checked). Every thread of a process asks for the same.
+enum class HeapUse : uint8_t { kFastPaths, kChecked };
 // Gives the calling thread a heap (a parked one if any); nullptr when out of memory.
-Heap* heap_attach_thread();
+Heap* heap_attach_thread(HeapUse use);
 // Adds the heaps' live-block counts of the class up and raises its recorded peak.
 void heap_sample_peak(unsigned size_class);
 // Every heap ever created, newest first (never unlinked: safe to walk from a signal handler).

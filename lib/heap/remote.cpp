@@ -18,9 +18,8 @@ namespace {
 // link and its free key (free_key.hpp), so that the owner reads two blocks of a run instead of
 // all of them: handing blocks back one by one chased a pointer through lines that the sender
 // had just written, one miss after the other. A 16-byte block has no room for it: in that class
-// every block is a run of its own, and goes back as before. So is every block in debug mode,
-// which fills free blocks and checks the fill when it hands them out again (the mode is fixed
-// at the allocator's first use, so sender and owner agree).
+// every block is a run of its own, and goes back as before. So is every block of a checked heap
+// (debug mode), which fills free blocks and checks the fill when it hands them out again.
 //
 // Runs are still a chain: the owner learns where a run starts only from the run before it, and
 // with random frees most runs are one block, so the drain waited out one miss per block, each
@@ -50,14 +49,13 @@ inline constexpr uint64_t kRunListsNewest = uint64_t{1} << 32;
 
 // How much of a RunHeader the blocks of a page hold: none of it, all but `ahead`, or all of it.
 enum class Room { kNone, kRun, kAhead };
-// The mode is read as latched, without debug_mode()'s call to decide it: a page with blocks to
-// send exists only after an allocation, which decided it; and a call in remote_send's body
-// made it save and restore registers on every foreign free. A caller that knows debug mode is
-// off (a thread with a heap of its own is not in it) skips the load.
-template <bool kMayDebug = true>
-TRAY_INLINE Room room_of(const Page* page) {
+// A checked heap's free blocks hold debug mode's fill, which a run header would break. The heap
+// passed is the sender's or the owner's: every heap of a process is checked or none is. A caller
+// whose heap serves the fast paths knows it is not checked, and skips the load.
+template <bool kMayBeChecked = true>
+TRAY_INLINE Room room_of(const Heap* heap, const Page* page) {
   if (page->block_bytes < offsetof(RunHeader, ahead) ||
-      (kMayDebug && g_debug_latched.load(std::memory_order_relaxed) > 0))
+      (kMayBeChecked && heap->checked))
     return Room::kNone;
   return page->block_bytes < sizeof(RunHeader) ? Room::kRun : Room::kAhead;
 }
@@ -116,8 +114,8 @@ void page_free_run(Heap* heap, Page* page, Block* first, Block* last, uint64_t c
 }
 
 // Adds block to the bucket, which gathers for its page's owner.
-template <bool kMayDebug>
-TRAY_INLINE void bucket_append(RemoteBucket& bucket, Page* page, Block* block) {
+template <bool kMayBeChecked>
+TRAY_INLINE void bucket_append(const Heap* self, RemoteBucket& bucket, Page* page, Block* block) {
   // In locals: the stores into the block below could alias the bucket, as far as the compiler
   // knows, and it would load them again.
   Block* head = bucket.head;
@@ -131,7 +129,7 @@ TRAY_INLINE void bucket_append(RemoteBucket& bucket, Page* page, Block* block) {
     // A run started kRemotePrefetchRuns or more blocks back (or nullptr), named by the new run
     // and replaced by it.
     Block*& back = bucket.recent[count & (kRemotePrefetchRuns - 1)];
-    const Room room = room_of<kMayDebug>(page);
+    const Room room = room_of<kMayBeChecked>(self, page);
     start_run(room, block, back);
     back = block;
     bucket.run_page = room != Room::kNone ? page : nullptr;
@@ -144,7 +142,7 @@ TRAY_INLINE void bucket_append(RemoteBucket& bucket, Page* page, Block* block) {
 // The two sends that leave the common path, as tail calls out of remote_send: with a call
 // in its body, remote_send saved and restored six registers on every foreign free.
 TRAY_NOINLINE void send_alone(Heap* owner, Page* page, Block* block) {
-  start_run(room_of(page), block, nullptr);
+  start_run(room_of(owner, page), block, nullptr);
   push_remote(owner, block, block);
 }
 
@@ -260,7 +258,7 @@ void push_remote_unbounded(Heap* owner, Block* first) {
     if (theirs != nullptr) {
       Block* last = theirs;
       for (uint32_t count;; last = last->next) {
-        last = run_end(last, room_of(unit_page_of(last)), &count);
+        last = run_end(last, room_of(owner, unit_page_of(last)), &count);
         if (last->next == nullptr) break;
       }
       last->next = first;
@@ -284,7 +282,7 @@ Block* reclaim_pages(Heap* owner, ReclaimTable& pages) {
   unsigned used = 0;
   for (uint32_t walked = 0; run != nullptr && walked < kRemoteReclaimRuns; ++walked) {
     Page* page = unit_page_of(run);
-    const Room room = room_of(page);
+    const Room room = room_of(owner, page);
     ReclaimTable::Chain* chain = nullptr;
     if (room != Room::kNone && (chain = pages.find_or_add(page, used)) == nullptr) break;
     uint32_t count;
@@ -340,7 +338,7 @@ void remote_send(Heap* self, Page* page, Block* block) noexcept {
   if (TRAY_UNLIKELY(self == &g_empty_heap)) return send_alone(owner, page, block);
   RemoteBucket& bucket = bucket_of(self, page);
   if (TRAY_UNLIKELY(bucket.target != owner)) return send_retargeted(self, page, block);
-  bucket_append<true>(bucket, page, block);
+  bucket_append<true>(self, bucket, page, block);
 }
 
 // One test covers every unusual case: no bucket is g_locked_heap's (heap_free_remote hands its
@@ -355,7 +353,7 @@ void remote_free(Block* block, Page* page, Heap* self) noexcept {
   free_key_check_and_set(page, block);
   count_free(self, page);
   counter_add(self->counters.remote_frees, 1);
-  bucket_append<false>(bucket, page, block);
+  bucket_append<false>(self, bucket, page, block);
 }
 
 void remote_flush(Heap* self) noexcept {
@@ -365,7 +363,7 @@ void remote_flush(Heap* self) noexcept {
 
 void remote_flush_and_reclaim(Heap* self) noexcept {
   remote_flush(self);
-  if (debug_mode()) return;  // its free blocks are filled and checked one by one
+  if (self->checked) return;  // its free blocks are filled and checked one by one
   uint32_t now = 0;
   for (RemoteBucket& bucket : self->outgoing) {
     RemoteWatch& watch = bucket.watch;
@@ -394,7 +392,7 @@ void remote_drain(Heap* heap) noexcept {
   heap->drains.store(heap->drains.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   while (run != nullptr) {
     Page* page = unit_page_of(run);
-    const Room room = room_of(page);
+    const Room room = room_of(heap, page);
     if (room == Room::kNone) {
       Block* next = run->next;
       page->came_home = true;

@@ -18,7 +18,6 @@ constexpr int64_t kMaxIntervalBytes = int64_t{1} << 52;
 
 // The mean interval of the sampler with bit `index`; 0 when it is off.
 int64_t mean_bytes(unsigned index) {
-  if (debug_mode()) return 0;  // debug mode checks every block already
   switch (1u << index) {
     case kSamplerProf: return option(Option::kProf) != 0 ? option(Option::kProfSample) : 0;
     case kSamplerGuard: return option(Option::kGuardSample);
@@ -81,7 +80,8 @@ void sample_refresh(Heap* heap) {
   SampleState& state = heap->sampling;
   state.generation = g_sample_generation.load(std::memory_order_relaxed);
   int64_t means[kSamplerCount];
-  for (unsigned i = 0; i < kSamplerCount; ++i) means[i] = mean_bytes(i);
+  // A checked heap samples nothing: debug mode checks every block already.
+  for (unsigned i = 0; i < kSamplerCount; ++i) means[i] = heap->checked ? 0 : mean_bytes(i);
   for (unsigned stream = 0; stream < kSampleStreams; ++stream) {
     for (unsigned i = 0; i < kSamplerCount; ++i)
       state.left[stream][i] = means[i] > 0 ? draw_interval(state, means[i]) : -1;

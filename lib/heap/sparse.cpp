@@ -336,7 +336,7 @@ bool worth_a_look(const Page* page, Geometry g) {
 
 bool sparse_pass(Heap* heap, bool force) {
   const Geometry g = geometry();
-  if (g.per_unit == 0 || debug_mode()) return false;
+  if (g.per_unit == 0 || heap->checked) return false;
   const uint64_t now = os::now_ms();
   if (!force && now - heap->sparse_pass_ms < kSparsePassMs) return false;
   // A heap that saw no pass for that long was parked, or its thread slept: its heads' idle

@@ -107,6 +107,12 @@ struct Heap {
   uint64_t parked_ms = 0;            // when it was parked (written before it is)
   Heap* next_created = nullptr;      // every heap ever made, newest first; never unlinked
   Quarantine* quarantine = nullptr;  // debug mode: blocks freed but not yet reusable
+  // Debug mode's heap (HeapUse::kChecked), set when a thread takes the heap: its blocks come and
+  // go only through the debug layer, which keeps their contents and states. So the heap keeps
+  // every page it empties, in its class and with its free list (no recarve, no release, no
+  // sparse pass), sends no run headers in free blocks, reclaims nothing from idle owners, and
+  // samples nothing.
+  bool checked = false;
   size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
   uint64_t sparse_pass_ms = 0;       // the last pass over sparse pages (sparse.cpp)
   // Per class, the head page's free list as a sparse pass last saw it, and since when the

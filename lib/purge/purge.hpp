@@ -17,8 +17,9 @@
 
 namespace tray {
 
-// Starts the thread if it is wanted (g_events.start_purger).
-void purger_start();
+// Starts the thread if it is wanted (g_events.start_purger). `allowed` false (the entry's
+// choice: debug mode runs none) turns it off until the next fork or purger_stop.
+void purger_start(bool allowed);
 // Ends the thread, if it runs, and waits until the kernel no longer counts it, for the calls
 // that fail in a process with more than one thread (unshare and setns of user and mount
 // namespaces): the program may not know it has a second one. True if it ended a thread. It

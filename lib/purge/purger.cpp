@@ -165,7 +165,7 @@ void purger_after_fork_child() {
   g_next_dump_ms = 0;
 }
 
-void purger_start() {
+void purger_start(bool allowed) {
   PurgerState expected = PurgerState::kWanted;
   if (!g_purger_state.compare_exchange_strong(expected, PurgerState::kStarting,
                                               std::memory_order_acquire))
@@ -174,7 +174,7 @@ void purger_start() {
   // kStarting and leave it alone.
   // Nor in memcheck and ASan builds, which exist to find a program's bugs: the thread's own
   // start-up allocation (libc's thread descriptor) would stand in every leak summary.
-  if (option(Option::kPurgeThread) == 0 || debug_mode() || TRAY_TRACK) {
+  if (!allowed || option(Option::kPurgeThread) == 0 || TRAY_TRACK) {
     g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
     return;
   }
