@@ -85,7 +85,7 @@ TRAY_EXPORT int tray_option_set(const char* name, const char* value);
 #define TRAY_CANARY_BYTE 0xfdu
 
 /* --- statistics ------------------------------------------------------------------------------ */
-#define TRAY_STATS_VERSION 1
+#define TRAY_STATS_VERSION 2  /* 1: the same without unit_map_bytes */
 #define TRAY_STATS_MAX_CLASSES 64
 
 typedef struct tray_class_stats {
@@ -127,6 +127,9 @@ typedef struct tray_stats {
   unsigned long long debug_errors;     /* errors debug mode reported (debug_abort=0) */
   /* system calls; a process_madvise that gives back a list of ranges counts as one madvise */
   unsigned long long os_mmap, os_munmap, os_madvise, os_mremap, os_mprotect;
+  /* address space the unit map's leaves hold (16 MiB each: one of zeros, one per 128 GiB range
+     with segments), touched only where segments are; not in mapped_bytes (since version 2) */
+  unsigned long long unit_map_bytes;
 } tray_stats;
 
 /* Fills *out, whose version the caller has set to TRAY_STATS_VERSION; returns 0, or EINVAL

@@ -88,6 +88,12 @@ void* reallocate_by_copy(void* p, size_t size) {
   return fresh;
 }
 
+TRAY_NOINLINE void give_back_address_space() {
+  [[maybe_unused]] TrackScope scope;
+  large_trim();
+  segment_trim();
+}
+
 // Every free the fast path left but one: another heap's block freed by a thread with a heap.
 TRAY_NOINLINE void free_unusual(void* p) {
   if (p == nullptr) return;
@@ -109,6 +115,10 @@ TRAY_NOINLINE void free_unusual(void* p) {
   if (header != nullptr && header->user == p) {
     if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
     large_free(header);
+    // Under an address-space limit, what the caches keep goes back with each large free: the
+    // next mapping the limit refuses may be the program's own (a thread's stack), which no
+    // retry of ours would see.
+    if (TRAY_UNLIKELY(os::address_space_limited())) give_back_address_space();
   } else {
     count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
   }

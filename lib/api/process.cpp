@@ -3,8 +3,8 @@
 // This file is the one place that knows every lock of the allocator and their order.
 //
 // The global lock order, outermost first. A thread that holds one of these may take only the
-// ones after it; fork's prepare handler takes them all in this order, and both of its release
-// handlers let them go in the reverse order:
+// ones after it; fork's prepare handler takes them all in this order, after stdio's list lock
+// (see fork_prepare), and both of its release handlers let them go in the reverse order:
 //   1. the heap profile's lock       (sample/prof.cpp: it refills its heap under the lock)
 //   2. the guarded slots' lock       (sample/guard.cpp)
 //   3. the parked heaps' collection, then the heaps' list (heap/heap.cpp)
@@ -37,7 +37,21 @@ void on_thread_exit(void* value) {
   heap_detach_thread(static_cast<Heap*>(value));
 }
 
+// Whether the fork in progress took the locks: only where another thread may hold one. In a
+// process the C library counts as single-threaded no other thread exists, and the one that
+// forks may hold a lock only if fork was called from a signal handler that interrupted the
+// allocator: waiting for it would never end (glibc's fork takes none of its locks there
+// either). A fork from a handler that interrupted the prepare step finds the flag as that
+// step left it, and both forks agree.
+bool g_fork_locked = false;
+
+// stdio's list lock first, as glibc's fork takes it before its own malloc's locks: a thread
+// in fflush(NULL) holds it while it waits for a stream's lock, whose holder may be in
+// getline's realloc, waiting for one of ours.
 void fork_prepare() {
+  g_fork_locked = !os::process_single_threaded();
+  if (!g_fork_locked) return;
+  os::lock_stdio_for_fork();
   prof_lock_for_fork();
   guard_lock_for_fork();
   heap_lock_for_fork();
@@ -57,11 +71,19 @@ void fork_release() {
   prof_unlock_after_fork();
 }
 
+void fork_release_parent() {
+  if (!g_fork_locked) return;
+  fork_release();
+  os::unlock_stdio_after_fork();
+}
+
 void fork_release_child() {
   g_totals.threads_attached.store(tls_own_heap != nullptr ? 1 : 0, std::memory_order_relaxed);
   purger_after_fork_child();
   report_after_fork_child();
+  if (!g_fork_locked) return;
   fork_release();
+  os::reset_stdio_after_fork_child();
 }
 
 // Once per process, outside every lock: both calls may allocate, which re-enters malloc
@@ -72,7 +94,7 @@ void process_setup() {
   if (g_process_ready.load(std::memory_order_relaxed)) return;
   if (os::thread_key_create(&g_exit_key, on_thread_exit) != 0)
     fatal("cannot create the thread-exit key (pthread_key_create failed)");
-  os::register_atfork(fork_prepare, fork_release, fork_release_child);
+  os::register_atfork(fork_prepare, fork_release_parent, fork_release_child);
   g_process_ready.store(true, std::memory_order_release);
 }
 
@@ -80,6 +102,7 @@ void process_setup() {
 void on_heap_attached(Heap* heap) {
   if (!g_process_ready.load(std::memory_order_acquire)) process_setup();
   os::thread_key_set(g_exit_key, heap);
+  purger_after_thread_attached();
 }
 
 // Debug mode runs no purger: its checked heaps give back no page they empty.

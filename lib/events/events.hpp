@@ -43,7 +43,9 @@ inline constexpr uint64_t kNeverMs = UINT64_MAX;
 
 // kStopped: ended by purger_stop, which makes it kWanted once the thread is gone (an exiting
 // thread that allocates must not start the next one while the kernel still counts it).
-enum class PurgerState : uint32_t { kNone, kWanted, kStarting, kRunning, kStopped, kOff };
+// kAwaitingThreads: wanted, in a program that has no thread of its own yet (purger_start); the
+// first thread of the program that takes a heap makes it kWanted.
+enum class PurgerState : uint32_t { kNone, kWanted, kStarting, kRunning, kStopped, kOff, kAwaitingThreads };
 extern constinit std::atomic<PurgerState> g_purger_state;
 // The futex word the thread sleeps on, bumped to end its sleep early; and whether it sleeps,
 // or is about to, with no deadline. The signal functions below and the thread touch them.
@@ -54,6 +56,9 @@ extern constinit std::atomic<bool> g_purger_sleeping;
 // stats_interval. Wakes the thread if it sleeps without a deadline, or marks it wanted.
 // Lock-free; safe under the allocator's locks.
 void purger_notify();
+// purger_notify for work that only the thread does (a stats_interval): wanted even in a
+// program that has no thread of its own (PurgerState::kAwaitingThreads).
+void purger_require();
 // Ends the thread's sleep, deadline or not, for work that must not wait for its next deadline
 // (mappings to unmap), or because the program's last thread with a heap has ended. One futex
 // call; only while the thread runs.

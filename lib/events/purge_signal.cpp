@@ -25,6 +25,12 @@ void purger_notify() {
   }
 }
 
+void purger_require() {
+  PurgerState state = PurgerState::kAwaitingThreads;
+  g_purger_state.compare_exchange_strong(state, PurgerState::kWanted, std::memory_order_relaxed);
+  purger_notify();
+}
+
 void purger_wake() {
   // Bumped after the caller published its work under a lock the pass takes: either the pass
   // already running sees the work, or its wait finds g_purger_wake changed and returns.

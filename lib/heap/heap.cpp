@@ -429,8 +429,11 @@ Heap* heap_attach_thread(HeapUse use) {
     }
   }
   tls_own_heap = heap;
-  heap->checked = use == HeapUse::kChecked;
-  if (!heap->checked) {
+  // Set on a new heap only: debug mode is fixed before the first heap, so an adopted one has
+  // it already, and other threads' frees into it read it (remote.cpp) while it is adopted.
+  const bool checked = use == HeapUse::kChecked;
+  if (heap->checked != checked) heap->checked = checked;
+  if (!checked) {
     tls_heap = heap;
     span_cache_attach(&heap->span_cache);
   }

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/random.h>
 #include <sys/uio.h>
@@ -356,6 +357,23 @@ uint64_t now_ms() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+namespace {
+constexpr uint64_t kLimitRecheckMs = 100;
+std::atomic<uint64_t> g_limit_checked_ms{0};
+std::atomic<bool> g_limited{false};
+}  // namespace
+
+bool address_space_limited() {
+  const uint64_t now = now_ms();
+  const uint64_t checked = g_limit_checked_ms.load(std::memory_order_relaxed);
+  if (checked != 0 && now - checked < kLimitRecheckMs) return g_limited.load(std::memory_order_relaxed);
+  rlimit limit;
+  const bool limited = getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+  g_limited.store(limited, std::memory_order_relaxed);
+  g_limit_checked_ms.store(now == 0 ? 1 : now, std::memory_order_relaxed);
+  return limited;
 }
 
 uint64_t random_u64() {

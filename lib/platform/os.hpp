@@ -77,6 +77,10 @@ uint64_t faults_injected();      // of which failed
 
 size_t page_size();
 uint64_t now_ms();  // monotonic, coarse: cheap enough for slow paths
+// Whether the process has an address-space limit (RLIMIT_AS, ulimit -v). Read from the kernel
+// at most every kLimitRecheckMs, since a program may set it at any time: cheap enough for a
+// slow path that makes a system call anyway.
+bool address_space_limited();
 uint64_t random_u64();  // getrandom(2), or clock and addresses mixed where it is unavailable
 int process_id();
 int thread_id();      // gettid: async-signal-safe
@@ -139,6 +143,17 @@ bool set_fault_hook(void (*hook)(void* address));
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*));
 void thread_key_set(pthread_key_t key, const void* value);
 int register_atfork(void (*prepare)(), void (*parent)(), void (*child)());
+// Whether the C library still counts the process as single-threaded: no thread was ever
+// created (glibc's __libc_single_threaded). Its fork then takes none of its own locks, which
+// keeps fork usable from a signal handler; a thread of ours would end that.
+bool process_single_threaded();
+// stdio's list of streams (glibc's _IO_list_lock), which glibc's fork takes after the fork
+// handlers' prepare step: a fork handler that takes locks a stdio call may wait for takes this
+// one first. Recursive, so glibc's own take in the same fork is free. In the child, glibc
+// resets it (as reset_stdio_after_fork_child does again); the parent lets it go.
+void lock_stdio_for_fork();
+void unlock_stdio_after_fork();
+void reset_stdio_after_fork_child();
 
 // Starts a detached thread running body(), with every signal blocked in it (the program's
 // handlers must not land on a thread it does not know of); false if it cannot. The C

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 32)
+#include <sys/single_threaded.h>
+#endif
 #include <time.h>
 #include <unistd.h>
 
@@ -23,6 +26,14 @@
 extern "C" int backtrace(void** frames, int count) __attribute__((weak));
 extern "C" void backtrace_symbols_fd(void* const* frames, int count, int fd)
     __attribute__((weak));
+
+// glibc's stdio list lock, exported since 2.2.5. Weak: a static executable that does not use
+// stdio links none of it, and then has no stream to lock.
+extern "C" {
+void _IO_list_lock() __attribute__((weak));
+void _IO_list_unlock() __attribute__((weak));
+void _IO_list_resetlock() __attribute__((weak));
+}
 
 namespace tray::os {
 
@@ -194,6 +205,28 @@ void thread_key_set(pthread_key_t key, const void* value) { pthread_setspecific(
 
 int register_atfork(void (*prepare)(), void (*parent)(), void (*child)()) {
   return pthread_atfork(prepare, parent, child);
+}
+
+// glibc 2.32 and later (<sys/single_threaded.h>); a strong reference, so that a static
+// executable links the flag in. Elsewhere the process counts as multi-threaded.
+bool process_single_threaded() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 32)
+  return __atomic_load_n(&__libc_single_threaded, __ATOMIC_RELAXED) != 0;
+#else
+  return false;
+#endif
+}
+
+void lock_stdio_for_fork() {
+  if (_IO_list_lock != nullptr) _IO_list_lock();
+}
+
+void unlock_stdio_after_fork() {
+  if (_IO_list_unlock != nullptr) _IO_list_unlock();
+}
+
+void reset_stdio_after_fork_child() {
+  if (_IO_list_resetlock != nullptr) _IO_list_resetlock();
 }
 
 namespace {

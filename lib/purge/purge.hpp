@@ -27,5 +27,8 @@ void purger_start(bool allowed);
 bool purger_stop();
 // In the child of a fork: the thread is not there.
 void purger_after_fork_child();
+// A thread took a heap: in a program that now has threads of its own, a purger that waited
+// for them (PurgerState::kAwaitingThreads) is wanted.
+void purger_after_thread_attached();
 
 }  // namespace tray

@@ -150,6 +150,14 @@ bool purger_stop() {
   return true;
 }
 
+void purger_after_thread_attached() {
+  if (g_purger_state.load(std::memory_order_relaxed) != PurgerState::kAwaitingThreads ||
+      os::process_single_threaded())
+    return;
+  PurgerState expected = PurgerState::kAwaitingThreads;
+  g_purger_state.compare_exchange_strong(expected, PurgerState::kWanted, std::memory_order_relaxed);
+}
+
 // The child of a fork has only the thread that forked. ThreadSanitizer kills a child that
 // starts a thread after a multi-threaded fork, so under it the child does without (its memory
 // goes back on its own calls, as with purge_thread=0).
@@ -176,6 +184,15 @@ void purger_start(bool allowed) {
   // start-up allocation (libc's thread descriptor) would stand in every leak summary.
   if (!allowed || option(Option::kPurgeThread) == 0 || TRAY_TRACK) {
     g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);
+    return;
+  }
+  // Nor, unless a stats_interval needs it, in a program that has not created a thread: the
+  // C library would count the process as multi-threaded from then on, for good. Its fork
+  // would then take locks that a fork from a signal handler waits for (crash handlers do
+  // that), and its stdio would lock every call. Such a program's memory goes back on its own
+  // calls, as with purge_thread=0, until it starts a thread.
+  if (os::process_single_threaded() && option(Option::kStatsInterval) == 0) {
+    g_purger_state.store(PurgerState::kAwaitingThreads, std::memory_order_relaxed);
     return;
   }
   SamplingPause pause;  // what libc allocates for the thread is not the program's

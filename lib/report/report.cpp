@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <cstddef>
+
 #include "core/core.hpp"
 #include "events/events.hpp"
 #include "heap/heap.hpp"
@@ -94,6 +96,8 @@ void collect_memory(tray_stats* out) {
   out->large.cached_blocks = cached_blocks;
   out->large.cached_bytes = cached_bytes;
   out->mapped_bytes = load(g_totals.bytes_mapped) + metadata;
+  // Address space whose OS pages are touched one per 32 MiB of segments: apart from the rest.
+  out->unit_map_bytes = load(g_totals.bytes_index);
   const uint64_t decommitted = load(g_totals.bytes_decommitted);
   out->committed_bytes = (segment_bytes > decommitted ? segment_bytes - decommitted : 0) +
                          load(g_totals.bytes_large_committed) + metadata;
@@ -188,7 +192,7 @@ bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpForm
 }
 
 void report_options_changed() {
-  if (option(Option::kStatsInterval) > 0) purger_notify();
+  if (option(Option::kStatsInterval) > 0) purger_require();
   install_signal_option(Option::kStatsSignal, &g_installed_signal, dump_on_signal);
 }
 
@@ -198,9 +202,17 @@ using namespace tray;
 
 extern "C" {
 
+// Version 1 callers have the struct without its last field.
 TRAY_EXPORT int tray_stats_get(tray_stats* out) {
-  if (out == nullptr || out->version != TRAY_STATS_VERSION) return EINVAL;
-  stats_collect(out);
+  if (out == nullptr || (out->version != TRAY_STATS_VERSION && out->version != 1)) return EINVAL;
+  if (out->version == TRAY_STATS_VERSION) {
+    stats_collect(out);
+    return 0;
+  }
+  tray_stats all;
+  stats_collect(&all);
+  all.version = 1;
+  __builtin_memcpy(out, &all, offsetof(tray_stats, unit_map_bytes));
   return 0;
 }
 

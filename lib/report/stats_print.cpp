@@ -7,6 +7,10 @@ namespace tray {
 
 namespace {
 
+// The JSON dump's format: a key added keeps it (readers skip keys they do not know); a key
+// renamed, removed or given another meaning changes it (tools/tray-stats checks it).
+constexpr unsigned kJsonFormatVersion = 1;
+
 // Builds output in a stack buffer and hands it to the sink whenever a piece is complete.
 class Output {
  public:
@@ -146,7 +150,7 @@ void stats_print_text(const tray_stats& s, int pid, const char* reason, StatsSin
   out.str("  memory: mapped ").human(s.mapped_bytes).str(", committed ").human(s.committed_bytes);
   out.str(", resident ").human(s.resident_bytes).str(" (whole process), released ");
   out.human(s.released_bytes).str(", metadata ").human(s.metadata_bytes).str(", segments ");
-  out.dec(s.segments).chr('\n');
+  out.dec(s.segments).str(", unit map ").human(s.unit_map_bytes).str(" of address space\n");
   out.str("  threads: alive ").dec(s.threads_alive).str(", exited ").dec(s.threads_exited);
   out.str(", heaps ").dec(s.heaps_created).str("; remote frees ").dec(s.remote_frees);
   out.str(", foreign frees ").dec(s.foreign_frees).str(", debug errors ").dec(s.debug_errors).chr('\n');
@@ -158,7 +162,7 @@ void stats_print_json(const tray_stats& s, int pid, const char* reason, StatsSin
   Output output(sink);
   TextBuffer& out = output.text();
   JsonObject root(out);
-  root.field("traymalloc_stats", TRAY_STATS_VERSION);
+  root.field("traymalloc_stats", kJsonFormatVersion);
   char version[32];
   TextBuffer version_text(version, sizeof version - 1);
   version_text.dec(TRAY_VERSION_MAJOR).chr('.').dec(TRAY_VERSION_MINOR).chr('.').dec(TRAY_VERSION_PATCH);
@@ -196,6 +200,7 @@ void stats_print_json(const tray_stats& s, int pid, const char* reason, StatsSin
   process.field("mapped_bytes", s.mapped_bytes).field("committed_bytes", s.committed_bytes);
   process.field("resident_bytes", s.resident_bytes).field("released_bytes", s.released_bytes);
   process.field("metadata_bytes", s.metadata_bytes).field("segments", s.segments);
+  process.field("unit_map_bytes", s.unit_map_bytes);
   process.field("threads_alive", s.threads_alive).field("threads_exited", s.threads_exited);
   process.field("heaps_created", s.heaps_created).field("remote_frees", s.remote_frees);
   process.field("foreign_frees", s.foreign_frees).field("debug_errors", s.debug_errors);

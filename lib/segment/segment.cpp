@@ -6,67 +6,12 @@
 #include "core/core.hpp"
 #include "events/events.hpp"
 #include "platform/platform.hpp"
+#include "segment/address_maps.hpp"
 #include "stats/stats.hpp"
 
 namespace tray {
 
-constinit uint8_t g_chunk_map[kChunkCount];
-constinit Page g_foreign_page;
-
 namespace {
-
-constinit uintptr_t g_unit_map_boot[1] = {};
-constexpr size_t kUnitMapBytes = (size_t{1} << (kAddressBits - kUnitShift)) * sizeof(uintptr_t);
-os::Mutex g_unit_map_lock;
-// Where a strict overcommit policy refuses 16 GiB of writable memory, the map is mapped
-// read-only (never charged) and the OS pages that get entries are made writable as segments
-// arrive. Written before g_unit_map is published.
-bool g_unit_map_read_only = false;
-
-}  // namespace
-
-uintptr_t* g_unit_map = g_unit_map_boot;
-
-void unit_map_reserve() {
-  if (__atomic_load_n(&g_unit_map, __ATOMIC_ACQUIRE) != g_unit_map_boot) return;
-  os::LockGuard guard(g_unit_map_lock);
-  if (g_unit_map != g_unit_map_boot) return;
-  void* map = os::map(kUnitMapBytes);
-  if (map == nullptr) {
-    map = os::map_read_only(kUnitMapBytes);
-    g_unit_map_read_only = true;
-  }
-  // Without the map every free would read past one word: stop here, with the reason.
-  if (map == nullptr) fatal("cannot reserve 16 GiB of address space for the unit map (ulimit -v?)");
-  __atomic_store_n(&g_unit_map, static_cast<uintptr_t*>(map), __ATOMIC_RELEASE);
-}
-
-namespace {
-
-// Before any thread can free: frees of memory from before the first allocation (another
-// allocator's, under LD_PRELOAD) read the map too.
-__attribute__((constructor(101))) void unit_map_at_start() { unit_map_reserve(); }
-
-uintptr_t* unit_map_entries(const Segment* s) {
-  return g_unit_map + (reinterpret_cast<uintptr_t>(s) >> kUnitShift);
-}
-
-// Units [first, first + count) of s belong to `page` (nullptr: the segment is going away).
-void unit_map_set(const Segment* s, unsigned first, unsigned count, const Page* page) {
-  const uintptr_t offset =
-      page == nullptr ? 0 : reinterpret_cast<uintptr_t>(page) - reinterpret_cast<uintptr_t>(&g_foreign_page);
-  uintptr_t* entries = unit_map_entries(s);
-  for (unsigned u = first; u < first + count; ++u) __atomic_store_n(&entries[u], offset, __ATOMIC_RELAXED);
-}
-
-// A new segment's entries, writable (see g_unit_map_read_only); false if the OS refused.
-bool unit_map_prepare(const Segment* s) {
-  unit_map_reserve();
-  if (!g_unit_map_read_only) return true;
-  const uintptr_t start = align_down(reinterpret_cast<uintptr_t>(unit_map_entries(s)), os::page_size());
-  const uintptr_t end = reinterpret_cast<uintptr_t>(unit_map_entries(s) + kUnitsPerSegment);
-  return os::protect_read_write(reinterpret_cast<void*>(start), align_up(end - start, os::page_size()));
-}
 
 constexpr uint64_t kUsableUnits = ~uint64_t{1};  // unit 0 holds the header
 
@@ -387,29 +332,6 @@ Page* carve_page(Segment* s, int first, unsigned units) {
 }
 
 }  // namespace
-
-void chunk_map_set(const void* base, size_t bytes, bool large) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(base) >> kSegmentShift;
-  const size_t count = div_ceil(bytes, kSegmentBytes);
-  for (size_t k = 0; k < count; ++k) {
-    uint8_t value = kChunkSegment;
-    if (large) value = k < size_t(kChunkGuard - kChunkLarge) ? uint8_t(kChunkLarge + k) : kChunkLargeFar;
-    __atomic_store_n(&g_chunk_map[first + k], value, __ATOMIC_RELAXED);
-  }
-}
-
-void chunk_map_set_guard(const void* base, size_t bytes) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(base) >> kSegmentShift;
-  for (size_t k = 0; k < div_ceil(bytes, kSegmentBytes); ++k)
-    __atomic_store_n(&g_chunk_map[first + k], kChunkGuard, __ATOMIC_RELAXED);
-}
-
-void chunk_map_clear(const void* base, size_t bytes) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(base) >> kSegmentShift;
-  const size_t count = div_ceil(bytes, kSegmentBytes);
-  for (size_t k = 0; k < count; ++k)
-    __atomic_store_n(&g_chunk_map[first + k], kChunkForeign, __ATOMIC_RELAXED);
-}
 
 // Where a page's units come from, cheapest first: the pool's free dirty units; an empty chunk
 // of the source's that still holds resident memory (before units that would fault in); free

@@ -52,36 +52,63 @@ TRAY_INLINE uint8_t chunk_kind(const void* p) {
 }
 
 // The unit map: for every 64 KiB unit of the address space, the page descriptor of the page
-// that holds it, so that free finds a block's page with one load and no range test, for the
+// that holds it, so that free finds a block's page with two loads and no range test, for the
 // later units of multi-unit pages too. Entries are offsets from g_foreign_page, which has no
 // owner: the zero that untouched map memory reads names it, for every address traymalloc does
 // not keep in a segment (large blocks, guarded slots, other allocators' memory), and such a
 // free fails the owner test and takes the slow path, which asks the chunk map. Unit 0 and the
-// free units of a segment name its pages[0], also ownerless. The map spans the 47-bit user
-// address space (kAddressBits): 16 GiB of address space, of which only the OS pages holding
-// entries of mapped segments are ever touched (one per 32 MiB of segments). It is reserved by
-// the library's constructor, or by whatever allocates first, before any block exists; until
-// then g_unit_map points at one zero word, which serves free(nullptr): a free of another
-// allocator's block before both would read past it. A pointer above the
-// user address space indexes past the map and faults there, as glibc faults on such a free.
-// Entries change and are read like the chunk map's (see above).
-extern TRAY_HIDDEN uintptr_t* g_unit_map;
+// free units of a segment name its pages[0], also ownerless.
+//
+// Two levels, so that the map takes address space in proportion to where segments are: a
+// root of kUnitRootEntries (16 KiB, static) names a leaf of entries for each 128 GiB of the
+// 48-bit space. A leaf (16 MiB of address space, of which only the OS pages holding entries
+// of mapped segments are touched: one per 32 MiB of segments) is mapped when the first
+// segment lands in its range; every other root entry names one shared read-only leaf of
+// zeros. A root entry holds its leaf's address less the offset of the range's first entry,
+// so the lookup indexes it with the unit number as it is, with no mask. A flat map of the
+// whole space took one load less but 16 GiB of address space, which an address-space limit
+// (ulimit -v, RLIMIT_AS) refused, and which left no room under a limit set after start.
+//
+// The root is filled by the library's constructor, or by whatever allocates first, before
+// any block exists; until then g_unit_root points at a root of one entry that reads one zero
+// word, which serves free(nullptr): a free of another allocator's block before both would
+// read past it. A pointer above the 48-bit space indexes past the root and faults there or
+// at the leaf, as glibc faults on such a free. Entries change and are read like the chunk
+// map's (see above).
+inline constexpr unsigned kUnitLeafShift = 37;
+inline constexpr unsigned kUnitMapAddressBits = 48;
+inline constexpr size_t kUnitRootEntries = size_t{1} << (kUnitMapAddressBits - kUnitLeafShift);
+inline constexpr size_t kUnitLeafEntries = size_t{1} << (kUnitLeafShift - kUnitShift);
+inline constexpr size_t kUnitLeafBytes = kUnitLeafEntries * sizeof(uintptr_t);
+// Root entries are pointers, so that the boot root can be constant-initialised.
+extern TRAY_HIDDEN const char* const* g_unit_root;
 extern TRAY_HIDDEN constinit Page g_foreign_page;
+
+// Where the entry of p's unit lies: its root entry plus the unit number.
+TRAY_INLINE const uintptr_t* unit_entry_of(const char* const* root, uintptr_t address) {
+#if defined(TRAY_TSAN)
+  const auto leaf = reinterpret_cast<uintptr_t>(__atomic_load_n(&root[address >> kUnitLeafShift], __ATOMIC_RELAXED));
+#else
+  const auto leaf = reinterpret_cast<uintptr_t>(root[address >> kUnitLeafShift]);
+#endif
+  return reinterpret_cast<const uintptr_t*>(leaf + (address >> kUnitShift) * sizeof(uintptr_t));
+}
 
 // The page p lies in: the slow paths ask it too, for any pointer inside a segment (a free unit
 // names the segment's pages[0]).
 TRAY_INLINE Page* unit_page_of(const void* p) {
-  const uintptr_t unit = reinterpret_cast<uintptr_t>(p) >> kUnitShift;
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
 #if defined(TRAY_TSAN)
-  const uintptr_t offset =
-      __atomic_load_n(&__atomic_load_n(&g_unit_map, __ATOMIC_RELAXED)[unit], __ATOMIC_RELAXED);
+  const uintptr_t offset = __atomic_load_n(
+      unit_entry_of(__atomic_load_n(&g_unit_root, __ATOMIC_RELAXED), address), __ATOMIC_RELAXED);
 #else
-  const uintptr_t offset = g_unit_map[unit];
+  const uintptr_t offset = *unit_entry_of(g_unit_root, address);
 #endif
   return reinterpret_cast<Page*>(reinterpret_cast<uintptr_t>(&g_foreign_page) + offset);
 }
 
-// Reserves the unit map if no one has; stops the program if the OS refuses.
+// Fills the unit map's root if no one has; stops the program if the OS refuses the leaf of
+// zeros (16 MiB of address space).
 void unit_map_reserve();
 
 void chunk_map_set(const void* base, size_t bytes, bool large);

@@ -64,6 +64,7 @@ struct Totals {
   std::atomic<size_t> bytes_decommitted{0};    // of the segments: free units not resident
   std::atomic<size_t> bytes_large_committed{0};  // of the large mappings: touched, not purged
   std::atomic<size_t> bytes_metadata{0};       // mapped for heaps and debug tables
+  std::atomic<size_t> bytes_index{0};          // the unit map's leaves (address space, mostly untouched)
   std::atomic<size_t> bytes_large{0};          // usable bytes of live large blocks
   std::atomic<size_t> bytes_large_peak{0};
   std::atomic<size_t> bytes_purged{0};

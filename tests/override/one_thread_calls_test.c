@@ -1,8 +1,9 @@
 // The kernel refuses setns into a mount namespace and unshare of a user namespace (EINVAL) to
-// a process with more than one thread. A single-threaded program that made large allocations
-// under LD_PRELOAD=libtraymalloc.so has the purger thread beside it, which it never made:
-// traymalloc's setns and unshare end that thread first, and it comes back at the next
-// allocation. Here, in order:
+// a process with more than one thread. A program whose own threads have all ended, and that
+// made large allocations under LD_PRELOAD=libtraymalloc.so, has the purger thread beside it,
+// which it never made (a program that never started a thread gets none): traymalloc's setns
+// and unshare end that thread first, and it comes back at the next allocation. Here, in order:
+//   a thread of the program allocates and ends;
 //   large blocks come and go, and the process has two threads (else nothing is tested: fail);
 //   setns into its own mount namespace succeeds;
 //   large blocks again: two threads again (the purger is back);
@@ -12,6 +13,7 @@
 // two threads is the failure this tests. Exits 77 when both steps were skipped.
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
@@ -20,20 +22,9 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { kLargeBytes = 4 << 20, kWaitMs = 3000 };
+#include "process_watch.h"
 
-// With open and read, not stdio: an allocation here could start the purger again.
-static int thread_count(void) {
-  const int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  char text[4096];
-  const ssize_t length = read(fd, text, sizeof text - 1);
-  close(fd);
-  if (length <= 0) return -1;
-  text[length] = '\0';
-  const char* line = strstr(text, "\nThreads:");
-  return line != NULL ? atoi(line + 9) : -1;
-}
+enum { kLargeBytes = 4 << 20, kWaitMs = 3000 };
 
 // Large blocks, touched and freed, leave memory for the purger to give back: it starts.
 static void large_blocks(void) {
@@ -70,8 +61,17 @@ static int step_result(const char* what, int result, int error) {
   return 0;
 }
 
+static void* allocate_and_end(void* unused) {
+  (void)unused;
+  free(malloc(64));
+  return NULL;
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, allocate_and_end, NULL) != 0 || pthread_join(thread, NULL) != 0)
+    return 3;
   large_blocks();
   if (!wait_for_threads(2)) {
     printf("FAIL: expected the purger beside main after large blocks, counted %d threads\n",

@@ -20,6 +20,10 @@
 
 namespace {
 
+// The purger these tests wait for starts only in a program with a thread of its own.
+testing::Environment* const kThreadedProgram =
+    testing::AddGlobalTestEnvironment(new tray_test::ThreadedProgram);
+
 using tray::g_purger_state;
 using tray::PurgerState;
 using tray_test::kMiB;

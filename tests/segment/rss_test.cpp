@@ -23,6 +23,10 @@
 
 namespace {
 
+// The purger these tests wait for starts only in a program with a thread of its own.
+testing::Environment* const kThreadedProgram =
+    testing::AddGlobalTestEnvironment(new tray_test::ThreadedProgram);
+
 using tray_test::kMiB;
 
 // Sanitizers add resident memory of their own, so under them the burst is smaller.

@@ -58,6 +58,34 @@ TEST(UnitMap, NamesTheOwnerlessPageForMemoryOfNoPage) {
   munmap(mapped, 1 << 20);
 }
 
+// Every 128 GiB range of the 48-bit space reads the ownerless page where no segment is, at its
+// first and last unit: a range without a leaf reads the shared leaf of zeros, and the
+// root's offsets land inside it at both ends.
+TEST(UnitMap, EveryRangeWithoutSegmentsReadsTheOwnerlessPage) {
+  tray_free(tray_malloc(64));  // the root is filled
+  for (uintptr_t range = 0; range < tray::kUnitRootEntries; ++range) {
+    const uintptr_t first = range << tray::kUnitLeafShift;
+    const uintptr_t last = first + (uintptr_t{1} << tray::kUnitLeafShift) - 1;
+    for (uintptr_t address : {first, first + tray::kUnitBytes, last}) {
+      if (tray::chunk_kind(reinterpret_cast<void*>(address)) == tray::kChunkSegment) continue;
+      ASSERT_EQ(tray::unit_page_of(reinterpret_cast<void*>(address)), &tray::g_foreign_page)
+          << std::hex << address;
+    }
+  }
+}
+
+// The map takes address space where segments are, not across the address space: a leaf of
+// zeros and one leaf per range that holds segments, reported as unit_map_bytes.
+TEST(UnitMap, TakesAddressSpaceOnlyWhereSegmentsAre) {
+  void* p = tray_malloc(64);
+  tray_stats stats{};
+  stats.version = TRAY_STATS_VERSION;
+  ASSERT_EQ(tray_stats_get(&stats), 0);
+  EXPECT_GE(stats.unit_map_bytes, 2 * tray::kUnitLeafBytes);
+  EXPECT_LE(stats.unit_map_bytes, 4 * tray::kUnitLeafBytes) << "more ranges than segments need";
+  tray_free(p);
+}
+
 // Units that went back to the pool name their segment's pages[0],
 // never the descriptor of the page they left (a later page elsewhere in the segment reuses
 // it); units of unmapped segments name g_foreign_page.

@@ -22,6 +22,10 @@
 
 namespace {
 
+// The purger these tests wait for starts only in a program with a thread of its own.
+testing::Environment* const kThreadedProgram =
+    testing::AddGlobalTestEnvironment(new tray_test::ThreadedProgram);
+
 using namespace tray_span_test;
 
 // Of the OS pages of [p, p + size), the share that is resident, in percent.

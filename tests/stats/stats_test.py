@@ -253,7 +253,9 @@ class HoldTest(DumpChecks):
         self.assertRegex(summary["large"], rf"^{large['live_blocks']} live blocks .*; "
                                            rf"{large['allocations']} allocations, "
                                            rf"{large['frees']} frees;")
-        self.assertRegex(summary["memory"], rf", segments {dump['process']['segments']}$")
+        self.assertRegex(summary["memory"], rf", segments {dump['process']['segments']}, unit map "
+                                            rf"[0-9.]+ [KMG]iB of address space$")
+        self.assertGreater(dump["process"]["unit_map_bytes"], 0)
         process = dump["process"]
         self.assertEqual(summary["threads"],
                          f"alive {process['threads_alive']}, exited {process['threads_exited']},"

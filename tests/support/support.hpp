@@ -189,4 +189,13 @@ bool given_back_while_idle(std::chrono::milliseconds wait, Check given_back) {
   return given_back();
 }
 
+// The purger thread starts only once the program has a thread of its own (purge/purger.cpp),
+// as most programs that run for long have. A test program whose tests wait for it registers
+// this environment, which starts a thread before the tests and joins it: the C library counts
+// the process as multi-threaded from then on.
+class ThreadedProgram : public testing::Environment {
+ public:
+  void SetUp() override { std::thread([] {}).join(); }
+};
+
 }  // namespace tray_test
