@@ -309,8 +309,13 @@ TRAY_EXPORT int tray_posix_memalign(void** out, size_t alignment, size_t size) {
   if (const int error = alignment_error(alignment); error != 0) return error;
   const int saved = errno;
   void* p = alloc_aligned(size, alignment, false);
-  errno = saved;  // posix_memalign reports through its result, not errno
-  if (p == nullptr) return ENOMEM;
+  // It reports through its result. errno is left as glibc leaves it: ENOMEM when out of
+  // memory (callers such as glibc's own tests read it), untouched otherwise.
+  if (p == nullptr) {
+    errno = ENOMEM;
+    return ENOMEM;
+  }
+  errno = saved;
   *out = p;
   return 0;
 }

@@ -97,7 +97,7 @@ TRAY_PUBLIC struct mallinfo2 mallinfo2() noexcept {
 }
 
 TRAY_PUBLIC void malloc_stats() noexcept {
-  stats_dump("malloc_stats", nullptr, nullptr, DumpFormat::kText);
+  stats_dump("malloc_stats", nullptr, nullptr, DumpFormat::kMallocStats);
 }
 
 namespace {

@@ -200,6 +200,20 @@ class Mutex {
   std::atomic<uint32_t> state_{0};
 };
 
+// Cancellation (pthread_cancel) held off while it lives: a dump writes through write and open,
+// which are cancellation points, and a thread unwound there would leave the dump's lock or
+// flag held, and every later dump waiting for it (glibc's malloc_stats holds it off too).
+class CancelDisabled {
+ public:
+  CancelDisabled();
+  ~CancelDisabled();
+  CancelDisabled(const CancelDisabled&) = delete;
+  CancelDisabled& operator=(const CancelDisabled&) = delete;
+
+ private:
+  int previous_;
+};
+
 class LockGuard {
  public:
   explicit LockGuard(Mutex& m) : mutex_(m) { mutex_.lock(); }

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <link.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,6 +207,10 @@ void thread_key_set(pthread_key_t key, const void* value) { pthread_setspecific(
 int register_atfork(void (*prepare)(), void (*parent)(), void (*child)()) {
   return pthread_atfork(prepare, parent, child);
 }
+
+CancelDisabled::CancelDisabled() { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &previous_); }
+
+CancelDisabled::~CancelDisabled() { pthread_setcancelstate(previous_, nullptr); }
 
 // glibc 2.32 and later (<sys/single_threaded.h>); a strong reference, so that a static
 // executable links the flag in. Elsewhere the process counts as multi-threaded.

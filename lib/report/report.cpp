@@ -176,6 +176,7 @@ void stats_collect(tray_stats* out) {
 }
 
 bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format) {
+  os::CancelDisabled no_cancel;  // end_dump must run
   if (!begin_dump()) return false;
   tray_stats stats;
   stats.version = TRAY_STATS_VERSION;
@@ -186,6 +187,10 @@ bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpForm
     case DumpFormat::kText: stats_print_text(stats, os::process_id(), reason, sink); break;
     case DumpFormat::kJson: stats_print_json(stats, os::process_id(), reason, sink); break;
     case DumpFormat::kMallocInfoXml: stats_print_xml(stats, sink); break;
+    case DumpFormat::kMallocStats:
+      stats_print_text(stats, os::process_id(), reason, sink);
+      stats_print_glibc_totals(stats, sink);
+      break;
   }
   end_dump();
   return true;

@@ -14,7 +14,7 @@ namespace tray {
 
 void stats_collect(tray_stats* out);
 
-enum class DumpFormat { kText, kJson, kMallocInfoXml };
+enum class DumpFormat { kText, kJson, kMallocInfoXml, kMallocStats };
 // Collects and writes one dump; `reason` names what asked for it. Dumps of different threads
 // take turns, so their pieces never mix in a shared file; a dump asked for by a signal handler
 // that interrupted its own thread's dump is dropped (false).

@@ -255,4 +255,21 @@ void stats_print_xml(const tray_stats& s, StatsSink sink) {
   out.str("</malloc>\n");
 }
 
+void stats_print_glibc_totals(const tray_stats& s, StatsSink sink) {
+  Output output(sink);
+  TextBuffer& out = output.text();
+  uint64_t small_live = 0;
+  for (unsigned i = 0; i < s.class_count; ++i) small_live += class_live_bytes(s.classes[i]);
+  const auto line = [&](const char* label, uint64_t value) {
+    out.str(label);
+    const size_t start = out.length();
+    out.dec(value).align_right(start, 10).chr('\n');
+  };
+  out.str("Total (incl. mmap):\n");
+  line("system bytes     = ", s.committed_bytes);
+  line("in use bytes     = ", small_live + s.large.live_bytes);
+  line("max mmap regions = ", s.large.live_blocks);
+  line("max mmap bytes   = ", s.large.peak_bytes);
+}
+
 }  // namespace tray

@@ -20,5 +20,8 @@ void stats_print_json(const tray_stats& stats, int pid, const char* reason, Stat
 // glibc's malloc_info() XML, with our numbers: free blocks per size class, large blocks as
 // "mmap", committed memory as "system".
 void stats_print_xml(const tray_stats& stats, StatsSink sink);
+// glibc's malloc_stats() totals, after the text dump there: what scripts written for glibc's
+// output read ("system bytes", "in use bytes", "max mmap bytes").
+void stats_print_glibc_totals(const tray_stats& stats, StatsSink sink);
 
 }  // namespace tray

@@ -96,6 +96,7 @@ void write_profile(int fd, bool peak) {
 // Writes a profile to `path`, or where prof_file says (stderr if unset) when path is null:
 // 0, or the errno of the failed open.
 int dump(const char* path, bool peak) {
+  os::CancelDisabled no_cancel;  // the file must be closed
   char expanded[640];
   if (path == nullptr) {
     const char* pattern = option_path(Option::kProfFile);

@@ -1,7 +1,7 @@
 // Out of memory, on demand: the platform layer's fault injection makes the Nth mmap, mremap or
 // madvise fail, and a sweep over N runs a workload that needs each of them (new segments,
 // large blocks, aligned blocks, realloc that grows and moves mappings, purges, trim). Every
-// failure must surface as NULL with errno ENOMEM (posix_memalign: its result), blocks
+// failure must surface as NULL with errno ENOMEM (posix_memalign: its result too), blocks
 // allocated before must not change, no lock may stay held, and the same workload must
 // succeed in full once the system calls work again.
 #include <errno.h>
@@ -107,9 +107,11 @@ class Workload {
     keep(m, size, error_m);
     void* untouched = &calls_;
     void* out = untouched;
+    errno = 0;
     const int result = tray_posix_memalign(&out, alignment, size);
     if (result != 0) {
       EXPECT_EQ(result, ENOMEM);
+      EXPECT_EQ(errno, ENOMEM) << "posix_memalign out of memory left errno as glibc does not";
       EXPECT_EQ(out, untouched) << "posix_memalign changed *out on failure";
       keep(nullptr, size, ENOMEM);
     } else {

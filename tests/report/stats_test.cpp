@@ -1,5 +1,8 @@
 // Statistics through the prefixed API: counters that reconcile under known single- and
 // multi-threaded workloads, and dumps that parse back.
+#include <pthread.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -247,6 +250,33 @@ TEST(Stats, IntervalRejectsBadValues) {
   EXPECT_EQ(tray_option_set("stats_interval", ""), EINVAL);
   EXPECT_EQ(tray_option_set("stats_interval", "30"), 0);
   EXPECT_EQ(tray_option_set("stats_interval", "0"), 0);
+}
+
+// A thread cancelled while it dumps (a write to stderr is a cancellation point) must not leave
+// the dump in progress for good: every later dump would wait for it. The dump holds
+// cancellation off, as glibc's malloc_stats does; the thread is cancelled after it.
+TEST(Stats, ACancelledDumpLeavesNoDumpInProgress) {
+  EXPECT_EXIT(
+      {
+        alarm(10);  // a dump left in progress makes the second one spin: fail, do not hang
+        pthread_t thread;
+        const auto cancelled_dump = [](void*) -> void* {
+          pthread_cancel(pthread_self());  // pending: it acts at the first cancellation point
+          tray_stats_print(nullptr, nullptr, TRAY_STATS_TEXT);
+          pthread_testcancel();
+          return nullptr;
+        };
+        if (pthread_create(&thread, nullptr, cancelled_dump, nullptr) != 0) _exit(3);
+        void* result = nullptr;
+        pthread_join(thread, &result);
+        if (result != PTHREAD_CANCELED) _exit(4);  // it was cancelled, after the dump
+        std::string text;
+        const auto append = [](void* out, const char* data, size_t length) {
+          static_cast<std::string*>(out)->append(data, length);
+        };
+        _exit(tray_stats_print(append, &text, TRAY_STATS_TEXT) == 0 && !text.empty() ? 0 : 5);
+      },
+      testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -142,7 +142,7 @@ def amount_range(number, unit):
 
 def parse_text_dump(text):
     """The header's pid and reason, the table's rows by block size, the summary lines' text."""
-    lines = text.splitlines()
+    lines = text.split("Total (incl. mmap):\n", 1)[0].splitlines()  # glibc's totals apart
     header = re.fullmatch(r"traymalloc: stats: pid=(\d+) reason=(\w+)", lines[0])
     if header is None or not lines[1].split()[:2] == ["class", "blocks/page"]:
         raise AssertionError(f"not a text dump:\n{text}")
@@ -264,6 +264,16 @@ class HoldTest(DumpChecks):
                          f" debug errors {process['debug_errors']}")
         self.assertEqual(summary["os calls"],
                          ", ".join(f"{name} {count}" for name, count in dump["os_calls"].items()))
+        # glibc's totals close the dump, for scripts written against glibc's malloc_stats.
+        totals = dict(re.findall(r"^(system bytes|in use bytes|max mmap regions|max mmap bytes)"
+                                 r" += +(\d+)$", stderr.split("Total (incl. mmap):\n", 1)[-1],
+                                 re.MULTILINE))
+        live = sum(c["live_blocks"] * c["block_bytes"] for c in dump["classes"])
+        self.assertEqual({k: int(v) for k, v in totals.items()},
+                         {"system bytes": process["committed_bytes"],
+                          "in use bytes": live + large["live_bytes"],
+                          "max mmap regions": large["live_blocks"],
+                          "max mmap bytes": large["peak_bytes"]})
 
 
 class SignalTest(DumpChecks):
