@@ -13,6 +13,10 @@ TextBuffer& TextBuffer::str(const char* s) {
   return *this;
 }
 
+TextBuffer& TextBuffer::count(uint64_t value, const char* one, const char* many) {
+  return dec(value).chr(' ').str(value == 1 ? one : many);
+}
+
 TextBuffer& TextBuffer::dec(uint64_t value) {
   char digits[20];
   unsigned n = 0;

@@ -15,6 +15,8 @@ class TextBuffer {
   TextBuffer& chr(char c);
   TextBuffer& dec(uint64_t value);
   TextBuffer& sdec(int64_t value);
+  // "1 byte", "2 bytes": value, a space, and the noun that goes with it.
+  TextBuffer& count(uint64_t value, const char* one, const char* many);
   TextBuffer& hex(uint64_t value, unsigned min_digits = 1);  // lower-case, no prefix
   TextBuffer& ptr(const void* p);                            // 0x-prefixed
   TextBuffer& size(uint64_t bytes);                          // "64 B", "12 KiB", "3 MiB"

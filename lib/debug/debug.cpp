@@ -94,15 +94,15 @@ TRAY_COLD void report_double_free(const char* op, const void* p, const Page* pag
   if (op[0] == 'f') report.text().str("double free of ").ptr(p).str(" (");
   else report.text().str(op).str(" of freed block ").ptr(p).str(" (");
   if (page != nullptr) size_class_text(report.text(), page);
-  else report.text().str("large block of ").dec(header->requested).str(" requested bytes");
+  else report.text().str("large block of ").count(header->requested, "requested byte", "requested bytes");
   report.text().chr(')');
   report.finish();
 }
 
 TRAY_COLD void report_overflow(const void* p, size_t requested, size_t offset, const Page* page) {
   Report report;
-  report.text().str("heap buffer overflow: block ").ptr(p).str(" of ").dec(requested);
-  report.text().str(" requested bytes written at offset ").dec(offset).str(" (");
+  report.text().str("heap buffer overflow: block ").ptr(p).str(" of ");
+  report.text().count(requested, "requested byte", "requested bytes").str(" written at offset ").dec(offset).str(" (");
   if (page != nullptr) size_class_text(report.text(), page).chr(')');
   else report.text().str("large block)");
   report.finish();
@@ -239,8 +239,8 @@ bool find_small(const char* op, void* p, LiveBlock* out, bool report) {
   if (offset % page->block_bytes != 0) {
     if (report) {
       InvalidPointer error(op, p);
-      error.text().str("not the start of a block (").dec(offset % page->block_bytes);
-      error.text().str(" bytes into block ").ptr(bytes - offset % page->block_bytes).str(" of ");
+      error.text().str("not the start of a block (").count(offset % page->block_bytes, "byte", "bytes");
+      error.text().str(" into block ").ptr(bytes - offset % page->block_bytes).str(" of ");
       size_class_text(error.text(), page).chr(')');
       error.finish();
     }

@@ -13,6 +13,8 @@ namespace {
   TextBuffer text(storage, sizeof storage);
   text.str("traymalloc: double free of ").ptr(block).str(" (size class ");
   text.dec(page->block_bytes).str(" B)").str(detail).str("\n");
+  text.str("traymalloc: rerun with TRAY_OPTIONS=debug=1 to check every block and free "
+           "(fills, canaries, exact reports)\n");
   os::write_text(STDERR_FILENO, text);
   // Preparing the backtrace may allocate (the unwinder is loaded on first use): safe here,
   // since nothing has been changed yet and no lock is held.

@@ -24,6 +24,9 @@ struct OptionSpec {
   int64_t default_value;
   const char* choices[3];  // kChoice: the value is the index of the word
   bool fixed_at_start;
+  // kBytes and kCount: values below min or above max (0: no bound but the kind's) are bad.
+  int64_t min = 0;
+  int64_t max = 0;
 };
 
 constexpr OptionSpec kSpecs[] = {
@@ -34,14 +37,14 @@ constexpr OptionSpec kSpecs[] = {
     {"debug", Kind::kFlag, 0, {}, true},
     {"debug_abort", Kind::kFlag, 1, {}, false},
     {"prof", Kind::kFlag, 0, {}, false},
-    {"prof_sample", Kind::kBytes, int64_t{512} << 10, {}, false},
+    {"prof_sample", Kind::kBytes, int64_t{512} << 10, {}, false, 1},
     {"guard_sample", Kind::kBytes, 0, {}, false},
     {"prof_final", Kind::kFlag, 0, {}, false},
     {"prof_signal", Kind::kSignal, 0, {}, false},
     {"prof_file", Kind::kPath, 0, {}, false},
     {"prof_peak", Kind::kFlag, 0, {}, false},
     {"prof_leaks", Kind::kFlag, 0, {}, false},
-    {"guard_slots", Kind::kCount, 64, {}, false},
+    {"guard_slots", Kind::kCount, 64, {}, false, 1, kGuardSlotsMax},
     {"purge_thread", Kind::kFlag, 1, {}, false},
     {"stats_interval", Kind::kSeconds, 0, {}, false},
     {"sparse_delay_ms", Kind::kCount, 0, {}, false},
@@ -78,6 +81,43 @@ void warn(const char* source, const char* what, const char* text, size_t length)
   for (size_t i = 0; i < length; ++i) out.chr(text[i]);
   out.str("' ignored\n");
   os::write_text(STDERR_FILENO, out);
+}
+
+// What a value of `spec` may be, for the warnings.
+void accepted_values(TextBuffer& out, const OptionSpec& spec) {
+  switch (spec.kind) {
+    case Kind::kFlag: out.str("1, 0, true or false"); return;
+    case Kind::kChoice:
+      for (unsigned i = 0; i < 3 && spec.choices[i] != nullptr; ++i)
+        out.str(i == 0 ? "" : ", ").str(spec.choices[i]);
+      return;
+    case Kind::kSignal: out.str("a signal name (SIGUSR1, USR1) or number, 0 or none"); return;
+    case Kind::kPath: out.str("a path shorter than ").dec(kPathBytes).str(" bytes"); return;
+    case Kind::kBytes: out.str("bytes, with an optional k, m or g suffix, up to 2^48"); break;
+    case Kind::kCount: out.str("a whole number"); break;
+    case Kind::kSeconds: out.str("whole seconds, up to ").dec(uint64_t(kMaxSeconds)); return;
+  }
+  if (spec.max != 0) out.str(", ").dec(uint64_t(spec.min)).str("..").dec(uint64_t(spec.max));
+  else if (spec.min > 0) out.str(", at least ").dec(uint64_t(spec.min));
+}
+
+// "bad value 'V' for NAME ignored (accepted: ...)".
+void warn_value(const char* source, const OptionSpec& spec, const char* value, size_t length) {
+  char storage[384];
+  TextBuffer out(storage, sizeof storage);
+  out.str("traymalloc: ").str(source).str(": ");
+  out.str("bad value '");
+  for (size_t i = 0; i < length && i < 64; ++i) out.chr(value[i]);
+  out.str("' for ").str(spec.name).str(" ignored (accepted: ");
+  accepted_values(out, spec);
+  out.str(")\n");
+  os::write_text(STDERR_FILENO, out);
+}
+
+// text[0, length) without the blanks around it: "stats=1, debug=1" is two items.
+void trim(const char*& text, size_t& length) {
+  while (length > 0 && (*text == ' ' || *text == '\t')) ++text, --length;
+  while (length > 0 && (text[length - 1] == ' ' || text[length - 1] == '\t')) --length;
 }
 
 bool equal(const char* text, size_t length, const char* word) {
@@ -146,9 +186,10 @@ int64_t parse_value(const OptionSpec& spec, const char* text, size_t length) {
 // Applies "value" to option `index`: 0, EINVAL or EBUSY.
 int assign(unsigned index, const char* value, size_t length, const char* source) {
   const OptionSpec& spec = kSpecs[index];
-  const int64_t parsed = parse_value(spec, value, length);
+  int64_t parsed = parse_value(spec, value, length);
+  if (parsed < spec.min || (spec.max != 0 && parsed > spec.max)) parsed = -1;
   if (parsed < 0) {
-    warn(source, "bad value for", spec.name, __builtin_strlen(spec.name));
+    warn_value(source, spec, value, length);
     return EINVAL;
   }
   if (spec.fixed_at_start && g_fixed[index].load(std::memory_order_acquire)) return EBUSY;
@@ -168,12 +209,19 @@ int find(const char* name, size_t length) {
 }
 
 void apply_item(const char* item, size_t length, const char* source) {
+  trim(item, length);
+  if (length == 0) return;
   size_t eq = 0;
   while (eq < length && item[eq] != '=') ++eq;
   if (eq == length) return warn(source, "missing '=' in", item, length);
-  const int index = find(item, eq);
-  if (index < 0) return warn(source, "unknown option", item, eq);
-  assign(unsigned(index), item + eq + 1, length - eq - 1, source);
+  size_t name_length = eq;
+  trim(item, name_length);
+  const char* value = item + eq + 1;
+  size_t value_length = length - eq - 1;
+  trim(value, value_length);
+  const int index = find(item, name_length);
+  if (index < 0) return warn(source, "unknown option", item, name_length);
+  assign(unsigned(index), value, value_length, source);
 }
 
 void apply_list(const char* text, const char* source) {

@@ -34,6 +34,8 @@ enum class Option : unsigned {
   kCount,
 };
 
+// guard_slots' range: the guarded slots' table has room for this many (sample/guard.cpp).
+inline constexpr int64_t kGuardSlotsMax = 1024;
 inline constexpr int64_t kStatsText = 0;
 inline constexpr int64_t kStatsJson = 1;
 

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/syscall.h>
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 32)
 #include <sys/single_threaded.h>
@@ -145,16 +146,41 @@ const char* symbol_of(const void* address, uintptr_t* offset, const char** file)
   return info.dli_sname;
 }
 
+namespace {
+
+// How many of the first frames are the allocator's own, in a shared library apart from the
+// program: a report starts at the program's frame, not at ours, which only the library's
+// symbol table could name. Where the allocator is linked into the program, its frames carry
+// the program's names and stay.
+int own_leading_frames(void* const* frames, int count) {
+  Dl_info self;
+  Dl_info program;
+  // The executable's program headers lie in its first mapping (the auxiliary vector names
+  // them): no symbol lookup, which could allocate.
+  const auto* program_headers = reinterpret_cast<void*>(getauxval(AT_PHDR));
+  if (dladdr(reinterpret_cast<void*>(&write_backtrace), &self) == 0 || program_headers == nullptr ||
+      dladdr(program_headers, &program) == 0 || program.dli_fbase == self.dli_fbase)
+    return 0;
+  int own = 0;
+  for (Dl_info frame; own < count - 1; ++own) {
+    if (dladdr(frames[own], &frame) == 0 || frame.dli_fbase != self.dli_fbase) break;
+  }
+  return own;
+}
+
+}  // namespace
+
 void write_backtrace(int fd) {
   if (!g_backtrace_ready.load(std::memory_order_acquire) || backtrace_symbols_fd == nullptr) return;
   void* frames[32];
   const int count = backtrace(frames, 32);
-  // Frame 0 is this function; the caller's frames are the report's own and stay useful.
-  if (count > 1) backtrace_symbols_fd(frames + 1, count - 1, fd);
+  write_frames(fd, frames, count);
 }
 
 void write_frames(int fd, void* const* frames, int count) {
-  if (backtrace_symbols_fd != nullptr && count > 0) backtrace_symbols_fd(frames, count, fd);
+  if (backtrace_symbols_fd == nullptr || count <= 0) return;
+  const int own = own_leading_frames(frames, count);
+  backtrace_symbols_fd(frames + own, count - own, fd);
 }
 
 namespace {

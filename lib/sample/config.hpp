@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/core.hpp"
+#include "options/options.hpp"
 
 namespace tray {
 
@@ -31,7 +32,7 @@ inline constexpr size_t kProfPeakStepPercent = 2;
 inline constexpr size_t kGuardMaxBlockBytes = size_t{16} << 10;
 // Slots at most (guard_slots is clamped to it): the slot table is a static array, and each slot
 // takes kGuardMaxBlockBytes + a page of address space (resident only while a block is live).
-inline constexpr size_t kGuardMaxSlots = 1024;
+inline constexpr size_t kGuardMaxSlots = size_t(kGuardSlotsMax);  // options.hpp keeps the option in range
 // Return addresses kept of each guarded block's allocation and of its free.
 inline constexpr unsigned kGuardStackFrames = 16;
 

@@ -116,10 +116,10 @@ void write_stack(TextBuffer& text, const char* what, const Stack& stack) {
   text.str(" at ").ptr(reinterpret_cast<void*>(address));
   if (slot != nullptr && slot->state != SlotState::kUnused) {
     const int64_t offset = int64_t(address - slot->block);
-    text.str(": block ").ptr(reinterpret_cast<void*>(slot->block)).str(" of ").dec(slot->size);
-    text.str(" bytes (guarded), offset ").sdec(offset);
-    if (offset < 0) text.str(", ").dec(uint64_t(-offset)).str(" bytes before it");
-    else if (uint64_t(offset) >= slot->size) text.str(", ").dec(uint64_t(offset) - slot->size).str(" bytes after it");
+    text.str(": block ").ptr(reinterpret_cast<void*>(slot->block)).str(" of ").count(slot->size, "byte", "bytes");
+    text.str(" (guarded), offset ").sdec(offset);
+    if (offset < 0) text.str(", ").count(uint64_t(-offset), "byte", "bytes").str(" before it");
+    else if (uint64_t(offset) >= slot->size) text.str(", ").count(uint64_t(offset) - slot->size, "byte", "bytes").str(" after it");
     if (slot->state == SlotState::kFreed) text.str(", freed");
   }
   os::write_text(STDERR_FILENO, text.chr('\n'));
@@ -134,9 +134,7 @@ void write_stack(TextBuffer& text, const char* what, const Stack& stack) {
 }
 
 bool create_region() {
-  int64_t slots = option(Option::kGuardSlots);
-  if (slots < 1) slots = 1;
-  if (slots > int64_t(kGuardMaxSlots)) slots = int64_t(kGuardMaxSlots);
+  const int64_t slots = option(Option::kGuardSlots);  // 1..kGuardMaxSlots (options.cpp)
   const size_t page = os::page_size();
   const size_t slot_bytes = align_up(kGuardMaxBlockBytes, page);
   const size_t region = page + size_t(slots) * (slot_bytes + page);

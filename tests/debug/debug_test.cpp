@@ -204,6 +204,16 @@ TEST_F(DebugDeath, OverflowIntoTheCanaryIsFoundAtFree) {
       "offset 41 \\(size class 48 B\\)");
 }
 
+TEST_F(DebugDeath, OneRequestedByteIsOneByte) {
+  EXPECT_DEATH(
+      {
+        auto* p = static_cast<char*>(tray_malloc(1));
+        p[1] = 1;
+        tray_free(p);
+      },
+      "heap buffer overflow: block 0x[0-9a-f]+ of 1 requested byte written at offset 1 ");
+}
+
 TEST_F(DebugDeath, OverflowOfAWholeClassSizeStillHasACanary) {
   EXPECT_DEATH(
       {

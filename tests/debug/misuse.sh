@@ -102,19 +102,27 @@ expect_stdout() {
     { show "$name" >&2; fail "$name" "stdout is not '$expected'"; }
 }
 
-# The one report line, exactly once, followed by at least one backtrace frame.
+# The one report line, exactly once, followed by at least one backtrace frame (after the
+# release build's hint to rerun in debug mode, where it gives one).
 expect_report() {
   local name=$1
   local line="^traymalloc: $report\$"
   [[ $(grep -Ec "$line" "$work/$name.err") -eq 1 ]] ||
     { show "$name" >&2; fail "$name" "no single line matching: $line"; }
-  grep -A1 -E "$line" "$work/$name.err" | tail -n1 | grep -Eq "$BACKTRACE_FRAME" ||
+  grep -A2 -E "$line" "$work/$name.err" | grep -v "^traymalloc: rerun with TRAY_OPTIONS=debug=1 " |
+    sed -n 2p | grep -Eq "$BACKTRACE_FRAME" ||
     { show "$name" >&2; fail "$name" "no backtrace after the report"; }
+  # The backtrace starts at the program's frame, not in the allocator's library.
+  if grep -A2 -E "$line" "$work/$name.err" | grep -v "^traymalloc: " | head -n1 |
+    grep -q "libtraymalloc"; then
+    show "$name" >&2
+    fail "$name" "the backtrace starts inside libtraymalloc"
+  fi
 }
 
 # traymalloc's lines in stderr other than the report, the abort hint and the statistics dump.
 other_traymalloc_lines() {
-  grep 'traymalloc' "$1" | grep -Ev "^traymalloc: ($report|stats: .*)\$" |
+  grep 'traymalloc' "$1" | grep -Ev "^traymalloc: ($report|stats: .*|rerun with TRAY_OPTIONS=debug=1 .*)\$" |
     grep -Fxv "$ABORT_HINT" | grep -Ev "$BACKTRACE_FRAME" || true
 }
 

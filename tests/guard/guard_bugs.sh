@@ -23,7 +23,7 @@ case $mode in
     report="heap-buffer-overflow at $A: block $A of 64 bytes \(guarded\), offset 64, 0 bytes after it"
     access=overflow_by_one ;;
   underflow)
-    report="heap-buffer-overflow at $A: block $A of 64 bytes \(guarded\), offset -1, 1 bytes before it"
+    report="heap-buffer-overflow at $A: block $A of 64 bytes \(guarded\), offset -1, 1 byte before it"
     access=underflow_by_one ;;
   overflow-padding)
     report="heap-buffer-overflow at $A: block $A of 13 bytes \(guarded\), offset 13, 0 bytes after it"

@@ -23,6 +23,16 @@ class DoubleFreeDeath : public testing::Test {
 
 #if TRAY_FREE_KEY_CHECK
 
+TEST_F(DoubleFreeDeath, TheMessagePointsToDebugMode) {
+  EXPECT_DEATH(
+      {
+        void* p = tray_malloc(250);
+        tray_free(p);
+        tray_free(p);
+      },
+      "\ntraymalloc: rerun with TRAY_OPTIONS=debug=1 to check every block and free \\(fills, canaries, exact reports\\)\n");
+}
+
 TEST_F(DoubleFreeDeath, RightAfterTheFree) {
   EXPECT_DEATH(
       {
