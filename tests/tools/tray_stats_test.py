@@ -204,6 +204,18 @@ class NewerAndBrokenDumpTest(unittest.TestCase):
         path.write_text(f"{good}\n\n{good[:5000]}\n")
         self.assert_fails(run_tool(path), f"{path} line 3: not JSON")
 
+    def test_text_dump_gets_told_how_to_write_json(self):
+        path = Path(self.folder.name) / "text.log"
+        path.write_text("traymalloc: stats: pid=28716 reason=exit\n"
+                        "      class blocks/page       live       peak        allocs\n")
+        self.assert_fails(run_tool(path), f"{path} line 1: not JSON but a text dump",
+                          "tray-stats reads JSON dumps only",
+                          "TRAY_OPTIONS=stats_format=json,stats_file=PATH")
+        # A JSON file cut short names its line and column, and the same remedy.
+        path.write_text('{"traymalloc_stats":1,\n')
+        self.assert_fails(run_tool(path), f"{path} line 1: not JSON (", "column ",
+                          "stats_format=json")
+
     def test_empty_missing_and_out_of_range(self):
         empty = Path(self.folder.name) / "empty.jsonl"
         empty.write_text("\n\n")
@@ -228,13 +240,14 @@ class GrowthTest(unittest.TestCase):
         self.assertEqual(rows[0], ["13", "320", "1,200", "5,200", "+4,000", "+1.2 MiB",
                                    "1.6 MiB"])
         self.assertEqual(rows[1][:6], ["44", "65,536", "20", "28", "+8", "+512.0 KiB"])
-        self.assertEqual(rows[-1][:6], ["28", "4,096", "40", "12", "-28", "-112.0 KiB"])
+        self.assertEqual(rows[2][:6], ["28", "4,096", "40", "12", "-28", "-112.0 KiB"])
         old, new = fixture_dumps()
         changed = [(a["live_bytes"] - b["live_bytes"], a["block_bytes"], str(b["class"]))
                    for a, b in zip(new["classes"], old["classes"])
                    if a["live_blocks"] != b["live_blocks"]]
-        # Most grown first; classes 1 and 8 both grew by 6,400 B: the smaller blocks first.
-        changed.sort(key=lambda c: (-c[0], c[1]))
+        # Largest change first, grown or shrunk; classes 1 and 8 both grew by 6,400 B: the
+        # smaller blocks first.
+        changed.sort(key=lambda c: (-abs(c[0]), c[1]))
         self.assertEqual([r[0] for r in rows], [c[2] for c in changed])
         self.assertNotIn("7", [r[0] for r in rows])  # 500 live blocks in both
         self.assertIn("13 grew, 2 shrank", out)
@@ -260,6 +273,24 @@ class GrowthTest(unittest.TestCase):
         self.assertEqual(rows, [["13", "320", "1,080", "5,200", "+4,120", "+1.3 MiB",
                                  "1.6 MiB"]])
 
+    def test_top_keeps_the_largest_changes_grown_or_shrunk(self):
+        # From the signal dump: class 4 (64 B) frees 18 MiB, class 3 (48 B) loses 4 KiB and
+        # class 13 (320 B) grows by 1.2 MiB.
+        old, _ = fixture_dumps()
+        new = copy.deepcopy(old)
+        old["classes"][4].update(live_blocks=300_000 + 30_000, live_bytes=(300_000 + 30_000) * 64)
+        self.assertEqual(new["classes"][4]["live_blocks"], 30_000)
+        new["classes"][3].update(live_blocks=42_000 - 85, live_bytes=(42_000 - 85) * 48)
+        new["classes"][13].update(live_blocks=5_200, live_bytes=5_200 * 320)
+        with tempfile.TemporaryDirectory() as folder:
+            path = write_dumps(folder, "two.jsonl", [old, new])
+            result = run_tool("--top", 2, path, path)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows, _ = table_rows(result.stdout, "class")
+        self.assertEqual([(r[0], r[5]) for r in rows], [("4", "-18.3 MiB"), ("13", "+1.2 MiB")])
+        self.assertIn("1 grew, 2 shrank; largest change of live bytes first", result.stdout)
+        self.assertIn("(1 more changed classes not shown)", result.stdout)
+
     def test_same_dump_twice_refused(self):
         result = run_tool("--old-index", -1, TILECACHE, TILECACHE)
         self.assertEqual(result.returncode, 1)
@@ -276,9 +307,9 @@ class ChartTest(unittest.TestCase):
     def tearDown(self):
         self.folder.cleanup()
 
-    def chart(self, name, dump=TILECACHE, env=None):
+    def chart(self, name, *options, dump=TILECACHE, env=None):
         path = self.out / name
-        result = run_tool("--chart", path, dump, env=env)
+        result = run_tool("--chart", path, *options, dump, env=env)
         if result.returncode == 2 and "python3-matplotlib" in result.stderr and env is None:
             self.skipTest("matplotlib is not installed for the tool's interpreter")
         return path, result
@@ -301,18 +332,20 @@ class ChartTest(unittest.TestCase):
         self.assertIn("<svg", text)
         # Matplotlib keeps each text of the figure as a comment in its SVG.
         self.assertIn("pid 4242 (dump at exit)", text)
-        self.assertIn("bytes, in MiB", text)
+        self.assertIn("reserved bytes, in MiB", text)
+        self.assertIn("% of the class's reserved bytes", text)
         self.assertIn("320 B (class 13)", text)
+        self.assertIn("all 21 classes in use", text)
 
-    def test_svg_log_scale_when_bars_differ_widely(self):
-        dump = fixture_dumps()[1]
-        busy = dump["classes"][4]
-        busy.update(pages=400, reserved_bytes=400 * 65536, live_blocks=400_000,
-                    live_bytes=400_000 * 64, frees=busy["allocations"] - 400_000)
-        path, result = self.chart("log.svg", write_dumps(self.folder.name, "busy.jsonl", [dump]))
+    def test_svg_of_the_top_classes_only(self):
+        path, result = self.chart("top.svg", "--top", 3)
         self.assertEqual(result.returncode, 0, result.stderr)
-        ElementTree.parse(path)
-        self.assertIn("bytes (log scale)", path.read_text())
+        text = path.read_text()
+        for block, index in (("48", 3), ("64", 4), ("65,536", 44)):
+            self.assertIn(f"{block} B (class {index})", text)
+        self.assertNotIn("(class 13)", text)
+        self.assertIn("the 3 of 21 classes reserving the most", text)
+        self.assertNotIn("log", text.replace("dialog", ""))
 
     def test_other_extension_refused(self):
         path, result = self.chart("classes.pdf")
@@ -336,6 +369,41 @@ class ChartTest(unittest.TestCase):
         self.assertIn("apt-get install python3-matplotlib", result.stderr)
         self.assertEqual(result.stdout, "")
         self.assertFalse(path.exists())
+
+
+class ChartDataTest(unittest.TestCase):
+    """What the chart is drawn from, tested without matplotlib."""
+
+    def rows(self, dumps, top):
+        tool = load_tool()
+        with tempfile.TemporaryDirectory() as folder:
+            dump = tool.load_dump(write_dumps(folder, "d.jsonl", dumps), -1)
+        return tool.chart_rows(dump, top)
+
+    def test_top_keeps_the_tables_first_classes(self):
+        rows = self.rows(fixture_dumps(), 3)
+        self.assertEqual([r.size_class.index for r in rows], [3, 4, 44])
+        self.assertEqual(len(self.rows(fixture_dumps(), None)), 21)
+        self.assertEqual(len(self.rows(fixture_dumps(), 100)), 21)
+
+    def test_shares_are_linear_whatever_the_classes_sizes(self):
+        # Class 4 (64 B) reserves 400 pages, 25 MiB, of which 6% are live; class 0 (8 B) one
+        # page, 64 KiB. A log axis drew class 4 as if 40% used.
+        dump = fixture_dumps()[1]
+        busy = dump["classes"][4]
+        live = 400 * 1024 * 6 // 100
+        busy.update(pages=400, reserved_bytes=400 * 65536, live_blocks=live,
+                    live_bytes=live * 64, frees=busy["allocations"] - live, utilization=0.06)
+        rows = {r.size_class.index: r for r in self.rows([dump], None)}
+        requested, waste, free = rows[4].shares
+        self.assertAlmostEqual(requested + waste, 0.06, places=3)
+        self.assertAlmostEqual(waste / (requested + waste), 0.125, places=3)  # 1 - 56/64
+        self.assertAlmostEqual(free, 0.94, places=3)
+        self.assertEqual(rows[4].length, 400 * 65536)
+        for row in rows.values():
+            self.assertAlmostEqual(sum(row.shares), 1.0 if row.length else 0.0)
+        self.assertAlmostEqual(rows[0].shares[2], 1 - 17_200 / 65_536, places=3)
+        self.assertEqual(rows[36].shares, (0.0, 0.0, 0.0))  # allocations only, no pages
 
 
 class FormattingTest(unittest.TestCase):

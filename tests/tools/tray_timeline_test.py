@@ -1,10 +1,12 @@
 """Tests of tools/tray-timeline, run as a program and as a module on timelines written here:
-soak samples (bench/workloads/soak --timeline) and traymalloc JSON dumps (stats_interval).
+soak samples (bench/workloads/soak --timeline) and traymalloc JSON dumps (stats_interval), the
+latter small ones or whole dumps made from fixtures/tilecache.jsonl.
 
 Run by ctest (tests/tools/CMakeLists.txt sets TRAY_TIMELINE_TOOL), or directly:
   python3 tests/tools/tray_timeline_test.py
 """
 
+import copy
 import importlib.util
 import json
 import os
@@ -18,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 TOOL = Path(os.environ.get("TRAY_TIMELINE_TOOL") or HERE.parent.parent / "tools" / "tray-timeline")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MIB = 1 << 20
+TILECACHE = HERE / "fixtures" / "tilecache.jsonl"
 
 
 def load_tool():
@@ -47,6 +50,29 @@ def dump_line(time_ms, resident_mib, with_time=True):
     if with_time:
         record["time_ms"] = time_ms
     return json.dumps(record)
+
+
+def server_dumps(minutes, rss_mib, reserved_mib):
+    """One stats_interval dump a minute, as a server writes them: the tile cache's exit dump
+    with its time, RSS and the reserved bytes of some classes (block size -> MiB) set by the
+    minute; live bytes stay as they are, 9.8 MiB in classes and 6.2 MiB in large blocks."""
+    template = json.loads(TILECACHE.read_text().splitlines()[1])
+    template["reason"] = "interval"
+    lines = []
+    for minute in minutes:
+        dump = copy.deepcopy(template)
+        dump["time_ms"] = 5_000 + 60_000 * minute
+        dump["process"]["resident_bytes"] = round(rss_mib(minute) * MIB)
+        for entry in dump["classes"]:
+            if entry["block_bytes"] in reserved_mib:
+                entry["reserved_bytes"] = round(reserved_mib[entry["block_bytes"]](minute) * MIB)
+        lines.append(json.dumps(dump, separators=(",", ":")))
+    return lines
+
+
+def live_of_tilecache():
+    dump = json.loads(TILECACHE.read_text().splitlines()[1])
+    return sum(c["live_bytes"] for c in dump["classes"]) + dump["large"]["live_bytes"]
 
 
 class TrayTimelineTest(unittest.TestCase):
@@ -133,11 +159,70 @@ class TrayTimelineTest(unittest.TestCase):
         self.assertIn("1.25", rows[0])  # RSS / live, 60 over 48
         self.assertIn("second half: RSS / live 1.250", result.stdout)
 
+    def test_summary_of_a_server_without_phases(self):
+        # An hour of dumps: RSS creeps by 0.5 MiB a minute; the 64 B class reserves 0.2 MiB
+        # more each minute, the 4 KiB class 1 MiB more in all, the 320 B class gives back.
+        lines = server_dumps(range(61), lambda m: 40 + 0.5 * m,
+                             {64: lambda m: 2 + 0.2 * m, 4096: lambda m: 1 + m / 60,
+                              320: lambda m: 3 - m / 30})
+        path = self.write("server.jsonl", lines)
+        live = live_of_tilecache()
+        for options in ((), ("--summary",), ("--trend",), ("--phases",)):
+            with self.subTest(options=options):
+                result = self.run_tool(*options, f"server={path}")
+                self.assertEqual(result.returncode, 0, result.stderr)
+                out = result.stdout
+                self.assertNotIn("fewer than 2 phases", out)
+                self.assertIn("server: 61 samples over 60.0 min\n", out)
+                self.assertRegex(out, r"\n  RSS +40\.0 MiB -> 70\.0 MiB; slope \+30\.0 MiB per "
+                                      r"hour\n")
+                slope = 30 * MIB / live
+                first = (40 + 0.5 * 7) * MIB / live   # minutes 0-14
+                last = (40 + 0.5 * 52.5) * MIB / live  # minutes 45-60
+                self.assertIn(f"slope {slope:+.3f} per hour; mean of the first quarter "
+                              f"{first:.3f}, of the last quarter {last:.3f}", out)
+                classes = [line.split()[0] for line in out.splitlines()
+                           if line.startswith("    ") and " B: " in line]
+                self.assertEqual(classes, ["64", "4,096"])
+                self.assertIn("     64 B: 2.0 MiB -> 14.0 MiB (+12.0 MiB), live 1.9 MiB", out)
+                if options in (("--trend",), ("--phases",)):
+                    self.assertIn("server: no phases (not a soak timeline): the summary", out)
+
+    def test_worst_window_is_where_rss_grew_most(self):
+        # RSS creeps by 0.5 MiB a minute and jumps by 25 MiB at minute 41: every window of six
+        # minutes (a tenth of the hour) that holds the jump grew by 28 MiB; the first is named.
+        lines = server_dumps(range(61), lambda m: 40 + 0.5 * m + (25 if m >= 41 else 0), {})
+        tool = load_tool()
+        summary = "\n".join(tool.summary("s", tool.read_samples(self.write("s.jsonl", lines))))
+        self.assertIn("worst window  35.0 min to 41.0 min: RSS 57.5 MiB -> 85.5 MiB "
+                      "(+28.0 MiB)", summary)
+        self.assertIn("no size class reserves more at the last sample than at the first", summary)
+
+    def test_dumps_of_two_processes_in_one_file(self):
+        # A wrapper preloaded with the same options (timeout, a shell) appends to the same file.
+        server = server_dumps(range(10), lambda m: 40 + m, {})
+        wrapper = [json.loads(line) for line in server_dumps(range(12), lambda m: 2, {})]
+        for dump in wrapper:
+            dump.update(pid=99, time_ms=dump["time_ms"] - 30_000)
+        lines = [line for pair in zip(map(json.dumps, wrapper), server) for line in pair]
+        result = self.run_tool("--summary", f"s={self.write('two.jsonl', lines)}")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("holds the dumps of 2 processes; showing the 10 of pid 4242, the largest",
+                      result.stderr)
+        self.assertIn("s: 10 samples over 9.0 min\n  RSS           40.0 MiB -> 49.0 MiB",
+                      result.stdout)
+
+    def test_summary_of_a_single_dump(self):
+        result = self.run_tool(self.write("one.jsonl", server_dumps([0], lambda m: 40, {})))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("1 sample over 0.0 s\n  fewer than 2 points in time: no trend", result.stdout)
+
     def test_bad_input_is_refused(self):
         out = self.dir / "x.png"
         for name, lines, message in (
                 ("old.jsonl", [dump_line(0, 1, with_time=False)], "without time_ms"),
                 ("text.jsonl", ["not json"], "not JSON"),
+                ("text.log", ["traymalloc: stats: pid=1 reason=exit"], "stats_format=json"),
                 ("other.jsonl", [json.dumps({"a": 1})], "neither")):
             result = self.run_tool("--out", out, self.write(name, lines))
             self.assertEqual(result.returncode, 1, name)
