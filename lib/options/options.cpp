@@ -48,6 +48,7 @@ constexpr OptionSpec kSpecs[] = {
     {"purge_thread", Kind::kFlag, 1, {}, false},
     {"stats_interval", Kind::kSeconds, 0, {}, false},
     {"sparse_delay_ms", Kind::kCount, 0, {}, false},
+    {"only_exe", Kind::kPath, 0, {}, true},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 
@@ -56,7 +57,8 @@ constexpr int64_t kMaxSeconds = 1'000'000;
 
 std::atomic<int64_t> g_values[unsigned(Option::kCount)];
 std::atomic<bool> g_fixed[unsigned(Option::kCount)];  // read by the allocator: no more changes
-constexpr unsigned kPathOptions[] = {unsigned(Option::kStatsFile), unsigned(Option::kProfFile)};
+constexpr unsigned kPathOptions[] = {unsigned(Option::kStatsFile), unsigned(Option::kProfFile),
+                                     unsigned(Option::kOnlyExe)};
 constexpr unsigned kPathOptionCount = sizeof kPathOptions / sizeof kPathOptions[0];
 char g_paths[kPathOptionCount][kPathBytes];
 
@@ -91,7 +93,7 @@ void accepted_values(TextBuffer& out, const OptionSpec& spec) {
       for (unsigned i = 0; i < 3 && spec.choices[i] != nullptr; ++i)
         out.str(i == 0 ? "" : ", ").str(spec.choices[i]);
       return;
-    case Kind::kSignal: out.str("a signal name (SIGUSR1, USR1) or number, 0 or none"); return;
+    case Kind::kSignal: out.str("a signal name (SIGUSR1, USR1, RTMIN+5) or number, 0 or none"); return;
     case Kind::kPath: out.str("a path shorter than ").dec(kPathBytes).str(" bytes"); return;
     case Kind::kBytes: out.str("bytes, with an optional k, m or g suffix, up to 2^48"); break;
     case Kind::kCount: out.str("a whole number"); break;
@@ -234,11 +236,39 @@ void apply_list(const char* text, const char* source) {
   }
 }
 
+// only_exe's pattern against the executable's file name: equal, or, for a pattern ending in
+// '*', starting with what comes before it (python3* for python3.11).
+bool executable_matches(const char* pattern) {
+  char path[512];
+  const ssize_t length = os::executable_path(path, sizeof path);
+  if (length <= 0) return false;
+  size_t start = size_t(length);
+  while (start > 0 && path[start - 1] != '/') --start;
+  const char* name = path + start;
+  const size_t name_length = size_t(length) - start;
+  const size_t pattern_length = __builtin_strlen(pattern);
+  if (pattern_length > 0 && pattern[pattern_length - 1] == '*')
+    return name_length >= pattern_length - 1 && __builtin_memcmp(name, pattern, pattern_length - 1) == 0;
+  return equal(name, name_length, pattern);
+}
+
+// The options that make a process write reports. A process that only_exe leaves out (a shell,
+// a wrapper such as pyenv's python3 or timeout, that passes TRAY_OPTIONS on) writes none.
+constexpr Option kReportOptions[] = {Option::kStats,     Option::kStatsSignal, Option::kStatsInterval,
+                                     Option::kProf,      Option::kProfFinal,   Option::kProfSignal,
+                                     Option::kProfPeak,  Option::kProfLeaks};
+
 void read_options() {
   for (unsigned i = 0; i < unsigned(Option::kCount); ++i)
     g_values[i].store(kSpecs[i].default_value, std::memory_order_relaxed);
   apply_list(TRAY_DEFAULT_OPTIONS, "TRAY_DEFAULT_OPTIONS");
   apply_list(os::env("TRAY_OPTIONS"), "TRAY_OPTIONS");
+  const unsigned only = unsigned(Option::kOnlyExe);
+  if (g_values[only].load(std::memory_order_relaxed) > 0 && !executable_matches(path_storage(only))) {
+    for (const Option report : kReportOptions)
+      g_values[unsigned(report)].store(kSpecs[unsigned(report)].default_value, std::memory_order_relaxed);
+  }
+  g_fixed[only].store(true, std::memory_order_release);  // decided: tray_option_set gets EBUSY
 }
 
 void ensure_read() {

@@ -31,6 +31,7 @@ enum class Option : unsigned {
   kPurgeThread,  // 1: a helper thread gives memory back once its delay runs out (purge/purge.hpp)
   kStatsInterval,  // seconds between periodic dumps (on the purger's thread); 0 for none
   kSparseDelayMs,  // ms a class must take no new page before its sparse pages give back OS pages
+  kOnlyExe,      // reports (stats*, prof*) only in a process whose executable has this name
   kCount,
 };
 

@@ -397,6 +397,10 @@ void yield_thread() { sched_yield(); }
 
 const char* env(const char* name) { return getenv(name); }
 
+ssize_t executable_path(char* out, size_t capacity) {
+  return readlink("/proc/self/exe", out, capacity);
+}
+
 void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
 
 void write_fd(int fd, const char* text, size_t length) {

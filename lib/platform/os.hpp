@@ -86,6 +86,8 @@ int process_id();
 int thread_id();      // gettid: async-signal-safe
 void yield_thread();  // sched_yield
 const char* env(const char* name);  // getenv: reads environ, never allocates
+// The executable's path (readlink of /proc/self/exe, not terminated); its length, or -1.
+ssize_t executable_path(char* out, size_t capacity);
 // The definition of `name` that the dynamic loader finds after this library's own (RTLD_NEXT):
 // the C library's malloc behind our overrides, say. nullptr if there is none. Not from inside
 // malloc: the loader may allocate.

@@ -46,7 +46,20 @@ int signal_number(const char* name, size_t length) {
     name += 3;
     length -= 3;
   }
-  if (length == 0 || length > 8) return 0;
+  if (length == 0 || length > 9) return 0;
+  // RTMIN and RTMIN+n: real-time signals, which programs rarely claim (a program that sets its
+  // own handler for USR1 after we set ours takes the dumps' signal over).
+  if (length >= 5 && memcmp(name, "RTMIN", 5) == 0) {
+    int offset = 0;
+    if (length > 5) {
+      if (name[5] != '+' || length == 6) return 0;
+      for (size_t i = 6; i < length; ++i) {
+        if (name[i] < '0' || name[i] > '9') return 0;
+        offset = offset * 10 + (name[i] - '0');
+      }
+    }
+    return SIGRTMIN + offset <= SIGRTMAX ? SIGRTMIN + offset : 0;
+  }
   if (name[0] >= '0' && name[0] <= '9') {
     int number = 0;
     for (size_t i = 0; i < length; ++i) {

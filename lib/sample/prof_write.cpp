@@ -183,8 +183,12 @@ __attribute__((constructor)) void prof_at_start() {
 __attribute__((destructor)) void prof_at_exit() {
   if (option(Option::kProf) == 0) return;
   prof_take_in_freed(true);
-  if (option(Option::kProfFinal) != 0) dump(nullptr, false);
-  if (option(Option::kProfPeak) != 0) dump(nullptr, true);
+  // A process that sampled nothing writes no profile at exit: the shells and wrappers (timeout,
+  // pyenv's python3) that pass TRAY_OPTIONS on to the program meant would each leave an empty
+  // file beside its profile.
+  const bool sampled = prof_stack_count() != 0;
+  if (sampled && option(Option::kProfFinal) != 0) dump(nullptr, false);
+  if (sampled && option(Option::kProfPeak) != 0) dump(nullptr, true);
   if (option(Option::kProfLeaks) != 0) report_leaks();
 }
 

@@ -1,6 +1,7 @@
 // Run-time options: TRAY_OPTIONS as read at first use (ctest sets it for this binary, with
 // one unknown key and one bad value) and tray_option_set.
 #include <errno.h>
+#include <signal.h>
 
 #include <string>
 
@@ -41,6 +42,13 @@ TEST(Options, SetReportsUnknownNamesAndBadValues) {
   EXPECT_EQ(tray_option_set("stats", "true"), 0);
   EXPECT_EQ(tray_option_set("stats", "0"), 0);
   EXPECT_EQ(tray_option_set("stats_signal", "SIGNOPE"), EINVAL);
+  EXPECT_EQ(tray_option_set("stats_signal", "none"), 0);
+  EXPECT_EQ(tray_option_set("stats_signal", "RTMIN+5"), 0);
+  EXPECT_EQ(tray::option(tray::Option::kStatsSignal), SIGRTMIN + 5);
+  EXPECT_EQ(tray_option_set("stats_signal", "SIGRTMIN"), 0);
+  EXPECT_EQ(tray::option(tray::Option::kStatsSignal), SIGRTMIN);
+  EXPECT_EQ(tray_option_set("stats_signal", "RTMIN+999"), EINVAL);
+  EXPECT_EQ(tray_option_set("stats_signal", "RTMIN-1"), EINVAL);
   EXPECT_EQ(tray_option_set("stats_signal", "none"), 0);
   EXPECT_EQ(tray_option_set("sparse_delay_ms", "250"), 0);
   EXPECT_EQ(tray_option_set("sparse_delay_ms", "250ms"), EINVAL);

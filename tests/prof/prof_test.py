@@ -112,6 +112,14 @@ class PeakTest(Case):
         self.assert_near(final["site_after()"]["bytes"], 4e6, "final site_after")
 
 
+class NothingSampledTest(Case):
+    def test_a_process_that_sampled_nothing_writes_no_profile_at_exit(self):
+        # /bin/true allocates far less than one interval: a wrapper that passed the options on.
+        run(["/bin/true"], ["prof=1", "prof_sample=1g", "prof_final=1", "prof_peak=1",
+                            f"prof_file={self.dir}/empty.%p.heap"])
+        self.assertEqual(list(self.dir.glob("empty.*")), [])
+
+
 class SignalTest(Case):
     def test_signal_writes_a_numbered_profile(self):
         result = run([SITES, "signal"], ["prof=1", "prof_sample=4k", "prof_signal=SIGUSR1",

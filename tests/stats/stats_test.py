@@ -400,6 +400,22 @@ class RealProgramTest(DumpChecks):
         self.assertEqual(process["debug_errors"], 0)
 
 
+class OnlyExeTest(DumpChecks):
+    """only_exe: a shell that passes TRAY_OPTIONS on writes no dump; the program named does."""
+
+    def test_only_the_named_executable_dumps(self):
+        python = Path(sys.executable).resolve()  # /proc/self/exe names the file, links resolved
+        for pattern, dumps_expected in ((python.name, 1), (python.name[:4] + "*", 1),
+                                        ("nothing_so_named", 0)):
+            with self.subTest(only_exe=pattern), tempfile.TemporaryDirectory() as folder:
+                options = ("stats=1", "stats_format=json", f"stats_file={folder}/d.%p.jsonl",
+                           f"only_exe={pattern}")
+                # sh starts python as a child: both read the same TRAY_OPTIONS.
+                run_preloaded(["/bin/sh", "-c", f"{python} -c pass; true"], options)
+                files = list(Path(folder).glob("d.*.jsonl"))
+                self.assertEqual(len(files), dumps_expected, [f.name for f in files])
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(f"usage: {sys.argv[0]} LIBTRAYMALLOC STATS_PROBE [unittest options]")
