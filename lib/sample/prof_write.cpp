@@ -123,15 +123,29 @@ void dump_on_signal(int) {
 
 // --- the leak report ---------------------------------------------------------------------
 
-void write_frame(Output& output, int index, const void* address) {
+// Returns whether the frame had a name: dladdr names exported symbols only, so the functions
+// of an executable built without -rdynamic come out as addresses.
+bool write_frame(Output& output, int index, const void* address) {
   TextBuffer& line = output.text();
   line.str("traymalloc:   #").dec(uint64_t(index)).chr(' ').ptr(address);
   uintptr_t offset = 0;
   const char* file = nullptr;
-  if (const char* name = os::symbol_of(address, &offset, &file); name != nullptr)
-    line.chr(' ').str(name).str("+0x").hex(offset);
+  const char* name = os::symbol_of(address, &offset, &file);
+  if (name != nullptr) line.chr(' ').str(name).str("+0x").hex(offset);
   if (file != nullptr) line.str(" (").str(file).chr(')');
   line.chr('\n');
+  return name != nullptr;
+}
+
+// For frames the report could not name: the profile's readers read the symbol tables. Written
+// at exit only with prof_final=1 and a prof_file.
+void write_naming_hint(Output& output) {
+  TextBuffer& line = output.text();
+  line.str("traymalloc: unnamed frames are functions their file does not export; ");
+  if (option(Option::kProfFinal) != 0 && option_path(Option::kProfFile)[0] != '\0')
+    line.str("tools/tray-prof top (or google-pprof --text PROGRAM) on this run's profile names them\n");
+  else
+    line.str("run with prof_final=1,prof_file=PATH and tools/tray-prof top PATH names them\n");
 }
 
 // The stacks with sampled blocks still live, biggest estimate first, each with its estimated
@@ -158,6 +172,7 @@ void report_leaks() {
   output.text().str(" samples, one per ").human(prof_rate()).str(" allocated on average");
   if (prof_dropped() != 0) output.text().str("; ").dec(prof_dropped()).str(" samples dropped, tables full");
   output.text().str(")\n");
+  bool unnamed = false;
   for (size_t rank = 0; rank < leaking; ++rank) {
     const ProfStack& stack = stacks[order[rank]];
     TextBuffer& line = output.text();
@@ -165,8 +180,9 @@ void report_leaks() {
     line.human(stack.live_estimate.load(std::memory_order_relaxed)).str(" in ");
     line.dec(stack.live_weight.load(std::memory_order_relaxed) / kProfWeightOne).str(" blocks (");
     line.dec(stack.live_count.load(std::memory_order_relaxed)).str(" sampled), allocated at:\n");
-    for (int f = 0; f < stack.depth; ++f) write_frame(output, f, stack.frames[f]);
+    for (int f = 0; f < stack.depth; ++f) unnamed |= !write_frame(output, f, stack.frames[f]);
   }
+  if (unnamed) write_naming_hint(output);
   output.flush();
   if (order != nullptr) os::unmap(order, order_bytes);
 }

@@ -155,6 +155,14 @@ class LeakTest(Case):
         self.assertNotIn("pthread_create", report)
         self.assertNotIn("_dl_allocate_tls", report)
 
+    def test_unnamed_frames_come_with_the_command_that_names_them(self):
+        report = run([LEAKS], ["prof=1", "prof_sample=16k", "prof_leaks=1"]).stderr
+        frames = re.findall(r"#\d+ 0x[0-9a-f]+( \S+\+0x[0-9a-f]+)?", report)
+        self.assertTrue(frames, report)
+        unnamed = any(name == "" for name in frames)
+        self.assertEqual("tools/tray-prof top PATH names them" in report, unnamed, report)
+
+
     def test_no_report_without_the_option(self):
         result = run([LEAKS], ["prof=1", "prof_sample=64k"])
         self.assertNotIn("leak report", result.stderr)
