@@ -203,8 +203,10 @@ void* reallocate(void* p, size_t size) noexcept {
   const uint8_t kind = chunk_kind(p);
   size_t old_usable;
   if (kind == kChunkSegment) {
-    old_usable = unit_page_of(p)->block_bytes;
+    Page* page = unit_page_of(p);
+    old_usable = page->block_bytes;
     if (old_usable == 0) return out_of_memory();  // not a block: leave it alone
+    free_key_check_live(page, static_cast<Block*>(p));
     if (size <= old_usable && size >= old_usable / 2) return p;
   } else if (kind == kChunkForeign) {
     return g_foreign.realloc != nullptr ? g_foreign.realloc(p, size) : out_of_memory();

@@ -46,9 +46,19 @@ TRAY_INLINE void free_key_check_and_set(const Page* page, Block* block) {
 
 // On every allocation: a block given out must not look free when it comes back.
 TRAY_INLINE void free_key_clear(Block* block) { *free_key_word(block) = 0; }
+
+[[noreturn]] TRAY_COLD void report_release_realloc_of_freed(const void* block, const Page* page);
+
+// realloc of a block that carries the mark reallocates a freed block: resized in place it
+// would come back as live while it sits on a free list, and the next malloc hand it out twice.
+TRAY_INLINE void free_key_check_live(const Page* page, Block* block) {
+  if (TRAY_UNLIKELY(*free_key_word(block) == reinterpret_cast<uintptr_t>(page)))
+    report_release_realloc_of_freed(block, page);
+}
 #else
 TRAY_INLINE void free_key_check_and_set(const Page*, Block*) {}
 TRAY_INLINE void free_key_clear(Block*) {}
+TRAY_INLINE void free_key_check_live(const Page*, Block*) {}
 #endif
 
 }  // namespace tray

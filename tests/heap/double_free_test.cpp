@@ -23,6 +23,28 @@ class DoubleFreeDeath : public testing::Test {
 
 #if TRAY_FREE_KEY_CHECK
 
+// Resized in place, a freed block came back as live while it sat on a free list: the next
+// malloc of its class would have handed it out a second time.
+TEST_F(DoubleFreeDeath, ReallocOfAFreedBlockInPlace) {
+  EXPECT_DEATH(
+      {
+        void* p = tray_malloc(250);
+        tray_free(p);
+        tray_realloc(p, 200);
+      },
+      "traymalloc: realloc of freed block 0x[0-9a-f]+ \\(size class 256 B\\)");
+}
+
+TEST_F(DoubleFreeDeath, ReallocOfAFreedBlockToMove) {
+  EXPECT_DEATH(
+      {
+        void* p = tray_malloc(250);
+        tray_free(p);
+        tray_realloc(p, 4000);
+      },
+      "traymalloc: realloc of freed block 0x[0-9a-f]+ \\(size class 256 B\\)");
+}
+
 TEST_F(DoubleFreeDeath, TheMessagePointsToDebugMode) {
   EXPECT_DEATH(
       {
