@@ -112,16 +112,14 @@ TRAY_NOINLINE void free_unusual(void* p) {
   }
   if (kind == kChunkGuard) return guard_free(p);
   LargeHeader* header = large_mapping_of(p, kind);
-  if (header != nullptr && header->user == p) {
-    if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
-    large_free(header);
-    // Under an address-space limit, what the caches keep goes back with each large free: the
-    // next mapping the limit refuses may be the program's own (a thread's stack), which no
-    // retry of ours would see.
-    if (TRAY_UNLIKELY(os::address_space_limited())) give_back_address_space();
-  } else {
-    count_add(g_totals.foreign_frees, 1);  // inside our memory but not a block: dropped
-  }
+  // Deeper inside a mapping than the chunk map can say is no block's start either.
+  if (header == nullptr || header->user != p) large_report_bad_free("free", header, p);
+  if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
+  large_free(header);
+  // Under an address-space limit, what the caches keep goes back with each large free: the
+  // next mapping the limit refuses may be the program's own (a thread's stack), which no
+  // retry of ours would see.
+  if (TRAY_UNLIKELY(os::address_space_limited())) give_back_address_space();
 }
 
 }  // namespace
@@ -216,7 +214,7 @@ void* reallocate(void* p, size_t size) noexcept {
     if (old_usable == 0) return out_of_memory();  // not a live block: leave it alone
   } else {
     LargeHeader* header = large_mapping_of(p, kind);
-    if (header == nullptr || header->user != p) return out_of_memory();  // not a block
+    if (header == nullptr || header->user != p) large_report_bad_free("realloc", header, p);
     old_usable = large_usable_size(header);
     // Large stays large (resized in place or moved by the kernel) unless it shrinks into the
     // small classes for good. The kernel cannot move a range that spans two of its mappings

@@ -1,6 +1,9 @@
 #include "large/large.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cstring>
 
@@ -199,7 +202,7 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   }
   header->used_bytes = used_bytes;
   header->prof_sampled = 0;  // a header cut from a cached mapping lies on old block bytes
-  header->alignment = alignment;
+  header->alignment_shift = uint32_t(std::countr_zero(alignment));
   header->user = base_of(header) + offset;
   header->requested = size;
   count_tail(header, true);
@@ -224,10 +227,17 @@ size_t large_usable_size(const LargeHeader* header) {
   return size_t(base_of(header) + header->used_bytes - static_cast<char*>(header->user));
 }
 
+// p's offset from the start of header's mapping, or 0 where that is not below 4 GiB.
+uint32_t offset_in_mapping(const LargeHeader* header, const void* p) {
+  const size_t offset = size_t(static_cast<const char*>(p) - base_of(header));
+  return offset <= UINT32_MAX ? uint32_t(offset) : 0;
+}
+
 void large_free(LargeHeader* header) {
   const size_t usable = large_usable_size(header);
   count_sub(g_totals.bytes_large, usable);
   count_add(g_totals.large_frees, 1);
+  header->freed_offset = offset_in_mapping(header, header->user);
   header->user = nullptr;  // a second free of the block no longer finds it
   count_tail(header, false);
   if (header->magic == kSpanBlockMagic) span_free(header);
@@ -237,6 +247,7 @@ void large_free(LargeHeader* header) {
 void large_retire(LargeHeader* header, void* user) {
   count_sub(g_totals.bytes_large, size_t(base_of(header) + header->used_bytes - static_cast<char*>(user)));
   count_add(g_totals.large_frees, 1);
+  header->freed_offset = offset_in_mapping(header, user);
   header->user = nullptr;
   count_tail(header, false);
   const size_t header_bytes = os::page_size();
@@ -275,7 +286,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
     // back to the OS when it is most of the block.
     if (new_used <= old_used / 2) purge_tail(header, new_used);
   } else {
-    LargeHeader* grown = grow_reservation(header, new_used, header->alignment);
+    LargeHeader* grown = grow_reservation(header, new_used, size_t{1} << header->alignment_shift);
     if (grown == nullptr) {
       count_tail(header, true);
       return nullptr;
@@ -291,6 +302,34 @@ void* large_resize(LargeHeader* header, size_t new_size) {
   count_sub(g_totals.bytes_large, old_usable);
   count_max(g_totals.bytes_large_peak, g_totals.bytes_large.load(std::memory_order_relaxed));
   return header->user;
+}
+
+void large_report_bad_free(const char* op, const LargeHeader* header, const void* p) {
+  char storage[384];
+  TextBuffer text(storage, sizeof storage);
+  text.str("traymalloc: ");
+  const bool is_free = op[0] == 'f';
+  const auto* address = static_cast<const char*>(p);
+  const char* user = header != nullptr ? static_cast<const char*>(header->user) : nullptr;
+  const char* end = header != nullptr ? base_of(header) + header->used_bytes : nullptr;
+  if (header != nullptr && user == nullptr && header->freed_offset != 0 &&
+      header->freed_offset == offset_in_mapping(header, p)) {
+    text.str(is_free ? "double free of " : "realloc of freed block ").ptr(p).str(" (large block)\n");
+  } else if (user != nullptr && address > user && address < end) {
+    text.str(op).str(" of invalid pointer ").ptr(p).str(": not the start of a block (");
+    text.count(size_t(address - user), "byte", "bytes").str(" into large block ").ptr(user);
+    text.str(" of ").count(size_t(end - user), "byte", "bytes").str(")\n");
+  } else {
+    // A span block's pages go back to its chunk at once, its header with them.
+    text.str(op).str(" of invalid pointer ").ptr(p);
+    text.str(": no live block starts there (freed already, or never allocated)\n");
+  }
+  text.str("traymalloc: rerun with TRAY_OPTIONS=debug=1 to check every block and free "
+           "(fills, canaries, exact reports)\n");
+  os::write_text(STDERR_FILENO, text);
+  os::prepare_backtrace();  // may allocate: nothing has been changed and no lock is held
+  os::write_backtrace(STDERR_FILENO);
+  os::abort_process();
 }
 
 }  // namespace tray

@@ -21,6 +21,10 @@ void* large_alloc(size_t size, size_t alignment, bool zero);
 LargeHeader* large_mapping_of(const void* p, uint8_t chunk_kind);
 size_t large_usable_size(const LargeHeader* header);
 void large_free(LargeHeader* header);
+// A free (op "free") or realloc (op "realloc") of p, in the mapping of `header` but not its
+// live block: a double free, a pointer into the block, or one into no block. Stops the
+// program with a message that names the block.
+[[noreturn]] TRAY_COLD void large_report_bad_free(const char* op, const LargeHeader* header, const void* p);
 // Debug mode's free of the block at `user` (the caller has already cleared header->user, so a
 // second free is recognised): the header stays and the rest of the mapping becomes
 // inaccessible, so a use after free faults at once.

@@ -103,7 +103,10 @@ struct LargeHeader {
   size_t used_bytes;    // from the header to the end of the usable block (whole OS pages)
   size_t reserve_bytes; // length of the mapping: used_bytes rounded up to whole chunks
   size_t dirty_bytes;   // from the header to the end of what was ever touched and not purged
-  size_t alignment;     // alignment the block was asked with (kept across realloc)
+  uint32_t alignment_shift;  // log2 of the alignment the block was asked with (kept across realloc)
+  // The last freed block's offset from the mapping's start, so that a second free of it is
+  // named as one (0: none, or beyond 4 GiB).
+  uint32_t freed_offset;
   uint64_t cached_ms;   // when it entered the cache
   size_t requested;     // debug mode: bytes asked for (the rest up to the end is a canary)
 };

@@ -147,4 +147,40 @@ TEST(Large, TailsOfReusedMappingsStayWithinAShareOfTheLiveBytes) {
   for (void* p : blocks) tray_free(p);
 }
 
+// Misuse of a block with a mapping of its own (above the span blocks' 4 MiB) stops the program
+// with a message that names what happened, in release builds too: a second free would have
+// put the mapping in the cache twice, for two later requests to share.
+TEST(LargeDeath, ADoubleFreeIsNamed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        void* p = tray_malloc(16 * kMiB);
+        tray_free(p);
+        tray_free(p);
+      },
+      "traymalloc: double free of 0x[0-9a-f]+ \\(large block\\)");
+}
+
+TEST(LargeDeath, AReallocOfAFreedBlockIsNamed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        void* p = tray_malloc(16 * kMiB);
+        tray_free(p);
+        tray_realloc(p, 20 * kMiB);
+      },
+      "traymalloc: realloc of freed block 0x[0-9a-f]+ \\(large block\\)");
+}
+
+TEST(LargeDeath, AFreeInsideABlockIsNamed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto* p = static_cast<char*>(tray_malloc(16 * kMiB));
+        tray_free(p + 4096);
+      },
+      "traymalloc: free of invalid pointer 0x[0-9a-f]+: not the start of a block \\(4096 bytes "
+      "into large block 0x[0-9a-f]+ of [0-9]+ bytes\\)");
+}
+
 }  // namespace

@@ -179,20 +179,17 @@ TEST_F(SpanCache, AThreadThatStopsAskingKeepsNothingOnceItsRequestsStop) {
   idle.join();
 }
 
-// A double free of a kept block changes nothing: the block is handed out once.
-TEST_F(SpanCache, ADoubleFreeOfAKeptBlockHandsItOutOnce) {
-  char* p = alloc_filled(300 * kKiB, 1);
-  ASSERT_NE(p, nullptr);
-  tray_free(p);
-  tray_free(p);
-  EXPECT_EQ(blocks_kept_by_threads(), 1u);
-  char* a = alloc_filled(300 * kKiB, 2);
-  char* b = alloc_filled(300 * kKiB, 3);
-  EXPECT_EQ(a, p);
-  EXPECT_NE(b, a);
-  EXPECT_TRUE(tray_test::sequence_intact(a, 300 * kKiB, 2));
-  tray_free(a);
-  tray_free(b);
+// A double free of a kept block stops the program before the block could be kept twice and
+// handed out to two owners.
+TEST_F(SpanCache, ADoubleFreeOfAKeptBlockStopsTheProgram) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        char* p = alloc_filled(300 * kKiB, 1);
+        tray_free(p);
+        tray_free(p);
+      },
+      "traymalloc: double free of 0x[0-9a-f]+ \\(large block\\)");
 }
 
 // After a fork the child holds what the parent's threads kept: the forking thread's blocks,

@@ -224,10 +224,12 @@ TEST_F(Span, APointerIntoABlockFindsItAndOneIntoFreePagesFindsNone) {
   ASSERT_EQ(tray_realloc(a, 200 * kKiB), a);
   EXPECT_EQ(block_of(a + 199 * kKiB)->user, a);
   EXPECT_EQ(block_of(a + 250 * kKiB), nullptr) << "what the shrink gave back";
-  const size_t foreign_before = tray_test::stats_now().foreign_frees;
-  tray_free(c + 100 * kKiB);
-  EXPECT_EQ(tray_test::stats_now().foreign_frees, foreign_before + 1);
-  EXPECT_EQ(block_of(c)->user, c) << "a free of a pointer inside the block leaves it alone";
+  // A free of a pointer inside the block stops the program, naming the block.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(tray_free(c + 100 * kKiB),
+               "free of invalid pointer 0x[0-9a-f]+: not the start of a block \\(102400 bytes "
+               "into large block 0x[0-9a-f]+ of [0-9]+ bytes\\)");
+  EXPECT_EQ(block_of(c)->user, c);
   EXPECT_TRUE(tray_test::sequence_intact(c, 300 * kKiB, 3));
   // A block aligned to a page starts a page past its header: its pointer lies on the second
   // page of its run.
