@@ -15,6 +15,8 @@ inline constexpr size_t kDebugQuarantineBlocks = 4096;
 inline constexpr size_t kDebugQuarantineBytes = size_t{4} << 20;
 // Debug mode: freed large blocks stay mapped but inaccessible, the newest this many.
 inline constexpr size_t kDebugRetiredLargeCount = 256;
+// Debug mode: frames of a large block's free kept for the report of a later access to it.
+inline constexpr int kDebugFreeStackFrames = 24;
 // Debug mode's realloc: to at most this many bytes it always moves the block, so that code that
 // keeps the old address reads the freed fill. Past it, a move costs enough that a buffer grown
 // a few bytes per call would be copied quadratically (tmux reflowing its history ran 14 times

@@ -340,6 +340,48 @@ void quarantine_push(Heap* heap, Page* page, Block* block) {
   while (q->bytes > kDebugQuarantineBytes && q->count > 1) release_oldest(heap, q);
 }
 
+// Where a freed large block was freed, for the report of a later access to it: in its
+// header's OS page past the header, which stays readable (debug mode aligns large blocks to an
+// OS page, so nothing else lives there).
+struct FreeStack {
+  int depth;
+  void* frames[kDebugFreeStackFrames];
+};
+static_assert(kLargeHeaderBytes + sizeof(FreeStack) <= 4096);
+
+FreeStack* free_stack_of(const LargeHeader* header) {
+  return reinterpret_cast<FreeStack*>(const_cast<char*>(reinterpret_cast<const char*>(header)) +
+                                      kLargeHeaderBytes);
+}
+
+// An access to a retired large block faults (its pages are inaccessible): the report names
+// the block, its size and where it was freed, then the access's stack, and stops the program
+// (going on would fault again). Any other fault is not ours.
+void on_fault(void* address) {
+  const uint8_t kind = chunk_kind(address);
+  if (kind == kChunkForeign || kind == kChunkSegment || kind == kChunkGuard) return;
+  const LargeHeader* header = large_mapping_of(address, kind);
+  if (header == nullptr || header->user != nullptr || header->freed_offset == 0) return;
+  const char* base = reinterpret_cast<const char*>(header);
+  const char* block = base + header->freed_offset;
+  const auto* at = static_cast<const char*>(address);
+  if (at < base + os::page_size() || at >= base + header->reserve_bytes) return;
+  char storage[384];
+  TextBuffer text(storage, sizeof storage);
+  text.str("traymalloc: use after free: access at ").ptr(address);
+  if (at >= block) text.str(", ").count(size_t(at - block), "byte", "bytes").str(" into");
+  else text.str(", before");
+  text.str(" large block ").ptr(block).str(" of ");
+  text.count(header->requested, "requested byte", "requested bytes").str(", freed at:\n");
+  os::write_text(STDERR_FILENO, text);
+  const FreeStack* freed = free_stack_of(header);
+  os::write_frames(STDERR_FILENO, freed->frames, freed->depth);
+  static constexpr char kAccessed[] = "traymalloc: accessed at:\n";
+  os::write_fd(STDERR_FILENO, kAccessed, sizeof kAccessed - 1);
+  os::write_backtrace(STDERR_FILENO);
+  os::abort_process();
+}
+
 // Freed large mappings stay, inaccessible, until kDebugRetiredLargeCount newer ones follow.
 void retire_large(LargeHeader* header, void* user) {
   large_retire(header, user);
@@ -458,6 +500,8 @@ void debug_free(void* p) noexcept {
                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
       return report_double_free("free", p, nullptr, live.header);
     check_canary(p, live);
+    FreeStack* stack = free_stack_of(live.header);
+    stack->depth = os::capture_stack(stack->frames, kDebugFreeStackFrames);
     retire_large(live.header, p);
     return;
   }
@@ -517,7 +561,10 @@ size_t debug_usable_size(const void* p) noexcept {
   return p != nullptr && find_live("", const_cast<void*>(p), &live, false) ? live.requested : 0;
 }
 
-void debug_prepare() noexcept { os::prepare_backtrace(); }
+void debug_prepare() noexcept {
+  os::prepare_backtrace();
+  os::set_fault_hook(on_fault);
+}
 
 namespace {
 // At load time, before any report can be needed, while allocating is still harmless.

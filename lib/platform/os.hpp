@@ -139,7 +139,9 @@ void write_frames(int fd, void* const* frames, int count);
 // Runs hook(faulting address) first on every SIGSEGV. The hook returns when the fault is not
 // its business: the signal then goes to the handler installed before (a program's own), or
 // takes its default action (the process ends by SIGSEGV, as it would have without us).
-// Installed once; false if sigaction failed.
+// Up to two hooks (guarded sampling's, debug mode's), each run in turn; the handler is
+// installed with the first. A hook set twice is set once. False if sigaction failed or both
+// places are taken.
 bool set_fault_hook(void (*hook)(void* address));
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*));

@@ -197,12 +197,17 @@ void write_frames(int fd, void* const* frames, int count) {
 }
 
 namespace {
-void (*g_fault_hook)(void*) = nullptr;
+// Guarded sampling's and debug mode's: each returns when the fault is not in its memory.
+constexpr int kFaultHookCount = 2;
+std::atomic<void (*)(void*)> g_fault_hooks[kFaultHookCount];
+std::atomic<bool> g_fault_handler_set{false};
+os::Mutex g_fault_hook_lock;
 struct sigaction g_previous_fault_action;
 
 void on_fault(int signo, siginfo_t* info, void* context) {
   const int saved = errno;
-  g_fault_hook(info->si_addr);
+  for (auto& hook : g_fault_hooks)
+    if (void (*run)(void*) = hook.load(std::memory_order_acquire); run != nullptr) run(info->si_addr);
   errno = saved;
   const struct sigaction& previous = g_previous_fault_action;
   if ((previous.sa_flags & SA_SIGINFO) != 0) {
@@ -226,8 +231,16 @@ void on_fault(int signo, siginfo_t* info, void* context) {
 }  // namespace
 
 bool set_fault_hook(void (*hook)(void* address)) {
-  if (g_fault_hook != nullptr) return true;
-  g_fault_hook = hook;
+  LockGuard guard(g_fault_hook_lock);
+  int free_slot = -1;
+  for (int i = 0; i < kFaultHookCount; ++i) {
+    void (*present)(void*) = g_fault_hooks[i].load(std::memory_order_relaxed);
+    if (present == hook) return true;
+    if (present == nullptr && free_slot < 0) free_slot = i;
+  }
+  if (free_slot < 0) return false;
+  g_fault_hooks[free_slot].store(hook, std::memory_order_release);
+  if (g_fault_handler_set.exchange(true, std::memory_order_acq_rel)) return true;
   struct sigaction action;
   memset(&action, 0, sizeof action);
   action.sa_sigaction = on_fault;
