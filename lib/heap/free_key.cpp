@@ -1,7 +1,5 @@
 #include "heap/free_key.hpp"
 
-#include <unistd.h>
-
 #include "core/core.hpp"
 #include "platform/platform.hpp"
 
@@ -14,14 +12,7 @@ namespace {
   TextBuffer text(storage, sizeof storage);
   text.str("traymalloc: ").str(what).ptr(block).str(" (size class ");
   text.dec(page->block_bytes).str(" B)").str(detail).str("\n");
-  text.str("traymalloc: rerun with TRAY_OPTIONS=debug=1 to check every block and free "
-           "(fills, canaries, exact reports)\n");
-  os::write_text(STDERR_FILENO, text);
-  // Preparing the backtrace may allocate (the unwinder is loaded on first use): safe here,
-  // since nothing has been changed yet and no lock is held.
-  os::prepare_backtrace();
-  os::write_backtrace(STDERR_FILENO);
-  os::abort_process();
+  fatal_misuse(text);
 }
 }  // namespace
 

@@ -1,10 +1,8 @@
 #include "large/large.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <cstring>
 
 #include "core/core.hpp"
@@ -324,12 +322,7 @@ void large_report_bad_free(const char* op, const LargeHeader* header, const void
     text.str(op).str(" of invalid pointer ").ptr(p);
     text.str(": no live block starts there (freed already, or never allocated)\n");
   }
-  text.str("traymalloc: rerun with TRAY_OPTIONS=debug=1 to check every block and free "
-           "(fills, canaries, exact reports)\n");
-  os::write_text(STDERR_FILENO, text);
-  os::prepare_backtrace();  // may allocate: nothing has been changed and no lock is held
-  os::write_backtrace(STDERR_FILENO);
-  os::abort_process();
+  fatal_misuse(text);
 }
 
 }  // namespace tray

@@ -23,4 +23,15 @@ void fatal_check(const char* condition, const char* file, int line) {
   os::abort_process();
 }
 
+void fatal_misuse(const TextBuffer& message) {
+  os::write_text(STDERR_FILENO, message);
+  static constexpr char kHint[] =
+      "traymalloc: rerun with TRAY_OPTIONS=debug=1 to check every block and free "
+      "(fills, canaries, exact reports)\n";
+  os::write_fd(STDERR_FILENO, kHint, sizeof kHint - 1);
+  os::prepare_backtrace();
+  os::write_backtrace(STDERR_FILENO);
+  os::abort_process();
+}
+
 }  // namespace tray

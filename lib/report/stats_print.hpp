@@ -21,7 +21,8 @@ void stats_print_json(const tray_stats& stats, int pid, const char* reason, Stat
 // "mmap", committed memory as "system".
 void stats_print_xml(const tray_stats& stats, StatsSink sink);
 // glibc's malloc_stats() totals, after the text dump there: what scripts written for glibc's
-// output read ("system bytes", "in use bytes", "max mmap bytes").
+// output read. "system bytes" is committed memory, "in use bytes" the live bytes, "max mmap
+// regions" the large blocks live now (glibc: the most ever) and "max mmap bytes" their peak.
 void stats_print_glibc_totals(const tray_stats& stats, StatsSink sink);
 
 }  // namespace tray
