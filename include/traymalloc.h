@@ -72,6 +72,8 @@ TRAY_EXPORT int tray_prof_dump_peak(const char* path);
 
 /* --- options ------------------------------------------------------------------------------
  * Sets a run-time option, as TRAY_OPTIONS="name=value" would (see docs/GUIDE.md, "Run-time options").
+ * The memory limit is set so at run time: tray_option_set("memory_limit", "512m") and
+ * tray_option_set("memory_limit_action", "fail"); a limit below what is held gives back at once.
  * Returns 0, EINVAL (unknown name or bad value; a warning goes to stderr) or EBUSY ("debug"
  * once the allocator has started: set it before the first allocation, or use TRAY_OPTIONS). */
 TRAY_EXPORT int tray_option_set(const char* name, const char* value);
@@ -85,7 +87,7 @@ TRAY_EXPORT int tray_option_set(const char* name, const char* value);
 #define TRAY_CANARY_BYTE 0xfdu
 
 /* --- statistics ------------------------------------------------------------------------------ */
-#define TRAY_STATS_VERSION 2  /* 1: the same without unit_map_bytes */
+#define TRAY_STATS_VERSION 3  /* 2: without the memory_limit fields; 1: without unit_map_bytes either */
 #define TRAY_STATS_MAX_CLASSES 64
 
 typedef struct tray_class_stats {
@@ -130,6 +132,13 @@ typedef struct tray_stats {
   /* address space the unit map's leaves hold (16 MiB each: one of zeros, one per 128 GiB range
      with segments), touched only where segments are; not in mapped_bytes (since version 2) */
   unsigned long long unit_map_bytes;
+  /* The memory limit (since version 3; docs/GUIDE.md, "Memory limit"): its bytes (0: none),
+     whether it is the cgroup's (less a margin) rather than memory_limit's, whether reaching
+     it fails allocations (memory_limit_action=fail), how often an allocation found it passed,
+     how many of those failed, and what giving back then returned to the OS. It counts what
+     committed_bytes counts. */
+  unsigned long long memory_limit_bytes, memory_limit_from_cgroup, memory_limit_fail;
+  unsigned long long memory_limit_reached, memory_limit_failures, memory_limit_released_bytes;
 } tray_stats;
 
 /* Fills *out, whose version the caller has set to TRAY_STATS_VERSION; returns 0, or EINVAL

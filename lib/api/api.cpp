@@ -34,7 +34,21 @@ void* out_of_memory() {
   return nullptr;
 }
 
+// A pointer on the calling thread's stack or in the program's image is no allocator's block
+// (a fake block, as "house of spirit" builds): the program stops there, where glibc's free would
+// take it into its caches. Any other pointer may be another allocator's, and goes to it.
+void check_not_fake(const char* call, void* p) {
+  const char* place = os::place_of_non_heap_pointer(p);
+  if (place == nullptr) return;
+  char storage[256];
+  TextBuffer text(storage, sizeof storage);
+  text.str("traymalloc: ").str(call).str(" of invalid pointer ").ptr(p);
+  text.str(": not allocated by traymalloc (it lies in ").str(place).str(")\n");
+  fatal_misuse(text);
+}
+
 void free_foreign(void* p) {
+  check_not_fake("free", p);
   count_add(g_totals.foreign_frees, 1);
   if (g_foreign.free != nullptr) g_foreign.free(p);
 }
@@ -118,8 +132,8 @@ TRAY_NOINLINE void free_unusual(void* p) {
   large_free(header);
   // Under an address-space limit, what the caches keep goes back with each large free: the
   // next mapping the limit refuses may be the program's own (a thread's stack), which no
-  // retry of ours would see.
-  if (TRAY_UNLIKELY(os::address_space_limited())) give_back_address_space();
+  // retry of ours would see. Near the memory limit, so does what they keep resident.
+  if (TRAY_UNLIKELY(limit_pressed() || os::address_space_limited())) give_back_address_space();
 }
 
 }  // namespace
@@ -207,6 +221,7 @@ void* reallocate(void* p, size_t size) noexcept {
     free_key_check_live(page, static_cast<Block*>(p));
     if (size <= old_usable && size >= old_usable / 2) return p;
   } else if (kind == kChunkForeign) {
+    check_not_fake("realloc", p);
     return g_foreign.realloc != nullptr ? g_foreign.realloc(p, size) : out_of_memory();
   } else if (kind == kChunkGuard) {
     // Always moved: a block that grew or shrank in place would lose its guard page.
@@ -347,6 +362,8 @@ TRAY_EXPORT int tray_option_set(const char* name, const char* value) {
   if (result == 0 && option(Option::kDebug) != 0) debug_prepare();
   if (result == 0 && option(Option::kGuardSample) != 0) guard_prepare();
   if (result == 0) {
+    limit_options_changed();
+    limit_admit(0);  // a limit below what is held now gives back at once
     report_options_changed();
     sample_options_changed();
     prof_options_changed();

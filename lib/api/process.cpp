@@ -105,6 +105,9 @@ void on_heap_attached(Heap* heap) {
   purger_after_thread_attached();
 }
 
+// The memory limit is reached: all that can go goes, the heaps' sparse pages included.
+void reclaim_memory() { trim_all(); }
+
 // Debug mode runs no purger: its checked heaps give back no page they empty.
 void start_purger() { purger_start(!debug_mode()); }
 
@@ -114,6 +117,7 @@ extern constinit const EventHandlers g_events = {
     .start_purger = start_purger,
     .sampled_alloc = sample_alloc,
     .heap_attached = on_heap_attached,
+    .reclaim_memory = reclaim_memory,
 };
 
 }  // namespace tray

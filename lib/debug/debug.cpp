@@ -36,7 +36,7 @@ constexpr uint8_t kCanaryByte = TRAY_CANARY_BYTE;
 constexpr uint32_t kStateNever = 0;  // carved, never handed out
 constexpr uint32_t kStateFreed = UINT32_MAX;
 // A block out of quarantine holds its free-list link and, once handed out again, a cleared
-// free key (see free_key.hpp): the fill is checked past both words.
+// free key (see heap/hardening.hpp): the fill is checked past both words.
 constexpr size_t kLinkBytes = 2 * sizeof(uint64_t);
 constexpr size_t kNone = SIZE_MAX;
 
@@ -197,10 +197,10 @@ uint32_t block_index(const Page* page, const void* block) {
   return uint32_t(size_t(static_cast<const uint8_t*>(block) - page->blocks) / page->block_bytes);
 }
 
-// A free-list link the allocator could have written: null, or a carved, non-live block of the
+// A free-list link the allocator could have written: the list's end, or a carved, non-live block of the
 // same page.
 bool link_is_valid(const Page* page, const Block* link) {
-  if (link == nullptr) return true;
+  if (link == list_end()) return true;
   const auto address = reinterpret_cast<uintptr_t>(link);
   const auto start = reinterpret_cast<uintptr_t>(page->blocks);
   if (address < start) return false;
@@ -409,7 +409,7 @@ void* alloc_small(unsigned size_class, size_t size, bool zero) {
   // The pop just followed this block's link: it must lead to a free block of the page.
   if (!link_is_valid(page, page->free)) {
     const Block* link = page->free;
-    page->free = nullptr;  // the rest of the list is lost, but never handed out
+    page->free = list_end();  // the rest of the list is lost, but never handed out
     report_broken_link(block, page, link);
   }
   uint32_t* states = states_of(page);

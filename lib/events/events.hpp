@@ -30,6 +30,10 @@ struct EventHandlers {
   // detached when the thread ends; the first one also sets the process up (the thread-exit
   // key, the fork handlers: api/process.cpp).
   void (*heap_attached)(Heap* heap);
+  // The memory limit is reached (stats/limit.hpp): give back to the OS all that can go, from
+  // the caches, the pool, the heaps' empty and sparse pages (api/). Called where the allocator
+  // is about to take memory from the OS, with none of its locks held.
+  void (*reclaim_memory)();
 };
 extern const EventHandlers g_events;
 

@@ -222,9 +222,10 @@ void maybe_collect_parked() {
 Page* find_page(Heap* heap, unsigned c) {
   for (Page* page = heap->queues[c].head; page != nullptr;) {
     Page* next = page->next;
-    if (page->free == nullptr && page_can_extend(page)) page_extend(page);
-    if (page->free == nullptr) sparse_refill(page);
-    if (page->free != nullptr) {
+    if (page->free == list_end() && page_can_extend(page)) page_extend(page);
+    if (page->free == list_end()) sparse_refill(page);
+    if (page->free != list_end()) {
+      heap_check_head(page);  // the fast path's failed test may have been a corrupted link
       if (page != heap->queues[c].head) {
         queue_remove(heap, page);
         queue_push_front(heap, page);
@@ -334,7 +335,7 @@ void* heap_refill_pop(Heap* heap, unsigned size_class) noexcept {
     return nullptr;
   }
   // find_page leaves the page at the head of its queue, where the fast path pops from.
-  TRAY_ASSERT(heap->direct[size_class] == page && page->free != nullptr);
+  TRAY_ASSERT(heap->direct[size_class] == page && page->free != list_end());
   return page_pop(heap, page, size_class);
 }
 
@@ -408,8 +409,9 @@ void heap_count_free(Heap* self, const Page* page) noexcept {
 
 void heap_free_block(Heap* self, Page* page, Block* block) noexcept {
   Heap* owner = page->heap;
-  if (owner == self) page_free_local(self, page, block);
-  else remote_send(self, page, block);
+  if (owner == self) return page_free_local(self, page, block);
+  free_key_set(page, block);
+  remote_send(self, page, block);
 }
 
 Heap* heap_attach_thread(HeapUse use) {

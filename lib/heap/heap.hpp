@@ -9,7 +9,7 @@
 
 #include "core/core.hpp"
 #include "heap/config.hpp"
-#include "heap/free_key.hpp"
+#include "heap/hardening.hpp"
 #include "heap/page.hpp"
 #include "heap/remote.hpp"
 #include "heap/sample_countdown.hpp"
@@ -104,7 +104,7 @@ TRAY_INLINE void count_free(Heap* heap, const Page* page) {
 }
 
 TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept {
-  block->next = page->free;
+  link_store(page, block, page->free);
   page->free = block;
   // Zero means empty, or the first block back in a full page (see Page::used). The page a
   // class allocates from never gets here for being empty (see queue_changed).
@@ -114,7 +114,8 @@ TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept 
 TRAY_INLINE void* page_pop(Heap* heap, Page* page, size_t size_class) noexcept {
   Block* block = page->free;
   TRAY_IN_REG(block, "a");
-  page->free = block->next;
+  // Checked by the next pop, whose test against the page's limit it must pass.
+  page->free = link_load(page, block);
   free_key_clear(block);
   ++page->used;
   count_allocation(heap, size_class);
@@ -122,14 +123,17 @@ TRAY_INLINE void* page_pop(Heap* heap, Page* page, size_t size_class) noexcept {
 }
 
 // Pops a block of class size_class from the heap's current page; nullptr when that page has
-// none ready (or the heap is &g_empty_heap), or when this request is the one to sample (the
-// sample countdown runs out): the caller's slow path sorts both out.
+// none ready (or the heap is &g_empty_heap, or the page's list is corrupted), or when this
+// request is the one to sample (the sample countdown runs out): the caller's slow path sorts
+// them out.
 TRAY_INLINE void* heap_pop(Heap* heap, size_t size_class, size_t size) noexcept {
   Page* page = heap->direct[size_class];
   // The page, the countdown and the counter each index from the heap and the class on their
   // own, rather than through one `lea` of a shared base (see TRAY_OPAQUE).
   TRAY_OPAQUE(size_class);
-  if (TRAY_UNLIKELY(page->free == nullptr)) return nullptr;
+  // The list's end and a link that decoded out of the page both lie at or past its limit
+  // (hardening.hpp), and the shared empty page's limit is 0: one test for all three.
+  if (TRAY_UNLIKELY(reinterpret_cast<uintptr_t>(page->free) >= page->limit)) return nullptr;
   if (TRAY_UNLIKELY(countdown_sub(heap->sample_countdown[size_class], int64_t(size)) < 0))
     return nullptr;
   TRAY_OPAQUE(size_class);
@@ -159,10 +163,11 @@ TRAY_INLINE void* heap_alloc_small(size_t size) noexcept {
   return heap_alloc_from(heap, heap_class_of(heap, size), size);
 }
 
-// Frees p into `page` if `heap` (tls_heap) owns it; false (nothing done) otherwise.
+// Frees p into `page` if `heap` (tls_heap) owns it; false (nothing done) otherwise, and when
+// the checks fail (hardening.hpp): the slow path, which runs them again, reports.
 TRAY_INLINE bool heap_free_own(Heap* heap, Page* page, void* p) noexcept {
-  if (TRAY_LIKELY(page->heap == heap)) {
-    free_key_check_and_set(page, static_cast<Block*>(p));
+  if (TRAY_LIKELY(page->heap == heap && free_key_passes(page, static_cast<Block*>(p)))) {
+    free_key_set_fast(page, static_cast<Block*>(p));
     count_free(heap, page);
     page_free_local(heap, page, static_cast<Block*>(p));
     return true;

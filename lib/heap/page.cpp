@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "heap/hardening.hpp"
 #include "heap/sparse.hpp"
 #include "platform/platform.hpp"
 #include "segment/segment.hpp"
@@ -13,7 +14,7 @@ namespace tray {
 Page* page_acquire(Heap* heap, unsigned size_class) {
   Page* page = segment_take_page(class_slab_units(size_class));
   if (page == nullptr) return nullptr;
-  page->free = nullptr;
+  page->free = list_end();
   page->used = 0;
   page->floating = false;
   page->retained = false;
@@ -28,6 +29,7 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page->next = page->prev = nullptr;
   page->heap = heap;
   page->heap_bucket = remote_bucket_of(heap);
+  page_arm_checks(page);
   page_extend(page);
   ClassTotals& totals = g_totals.classes[size_class];
   count_max(totals.peak_pages, totals.pages.fetch_add(1, std::memory_order_relaxed) + 1);
@@ -48,7 +50,8 @@ void page_release(Page* page) {
   }
   sparse_forget(page);
   page->heap = nullptr;
-  page->free = nullptr;
+  page->free = list_end();
+  page->limit = 0;
   page->capacity = 0;
   page->used = 0;
   segment_return_page(page);
@@ -66,7 +69,7 @@ void page_release(Page* page) {
 void page_recarve(Page* page) {
   TRAY_ASSERT(page->used == 0 && !page->floating);
   sparse_forget(page);
-  page->free = nullptr;
+  page->free = list_end();
   page->capacity = 0;
   page->came_home = false;
 }
@@ -102,8 +105,8 @@ void page_extend(Page* page) {
   uint8_t* first = page->blocks + size_t(page->capacity) * block;
   uint8_t* p = first;
   for (uint32_t i = 1; i < count; ++i, p += block)
-    reinterpret_cast<Block*>(p)->next = reinterpret_cast<Block*>(p + block);
-  reinterpret_cast<Block*>(p)->next = page->free;
+    link_store(page, reinterpret_cast<Block*>(p), reinterpret_cast<Block*>(p + block));
+  link_store(page, reinterpret_cast<Block*>(p), page->free);
   page->free = reinterpret_cast<Block*>(first);
   page->capacity += count;
   prefetch_next_extension(page, count);

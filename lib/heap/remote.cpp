@@ -2,7 +2,7 @@
 
 #include <cstddef>
 
-#include "heap/free_key.hpp"
+#include "heap/hardening.hpp"
 #include "heap/heap.hpp"
 #include "heap/page.hpp"
 #include "options/options.hpp"
@@ -15,7 +15,7 @@ namespace tray {
 namespace {
 
 // The first block of a run says where the run ends and how long it is, in the words after its
-// link and its free key (free_key.hpp), so that the owner reads two blocks of a run instead of
+// link and its free key (hardening.hpp), so that the owner reads two blocks of a run instead of
 // all of them: handing blocks back one by one chased a pointer through lines that the sender
 // had just written, one miss after the other. A 16-byte block has no room for it: in that class
 // every block is a run of its own, and goes back as before. So is every block of a checked heap
@@ -30,6 +30,9 @@ namespace {
 // indexed by its block count, so naming costs it a load and two stores per run.
 static_assert((kRemotePrefetchRuns & (kRemotePrefetchRuns - 1)) == 0, "a ring indexed by a mask");
 
+// Every link a free block holds (`next`, and `last`) is encoded with the key of the block's own
+// page (hardening.hpp), the links that chain runs of different pages included; the owner checks
+// each run before it splices it (check_run).
 struct RunHeader {
   Block* next;
   uint64_t free_key;
@@ -61,19 +64,23 @@ TRAY_INLINE Room room_of(const Heap* heap, const Page* page) {
 }
 TRAY_INLINE RunHeader* header_of(Block* block) { return reinterpret_cast<RunHeader*>(block); }
 
-// Makes block a run of one, if it has room for the header.
-TRAY_INLINE void start_run(Room room, Block* block, Block* ahead) {
+// Makes block (of page) a run of one, if it has room for the header.
+TRAY_INLINE void start_run(Room room, const Page* page, Block* block, Block* ahead) {
   if (room == Room::kNone) return;
   if (room == Room::kAhead) header_of(block)->ahead = ahead;
-  header_of(block)->last = block;
+  header_of(block)->last = link_encode(page, block);
   header_of(block)->count = 1;
 }
+
+// The links that chain runs, held by a run's last block: encoded with that block's page's key.
+void chain_store(Block* holder, Block* target) { link_store(unit_page_of(holder), holder, target); }
 
 // Pushes the list first..last onto the owner's stack of remote frees.
 void push_remote(Heap* owner, Block* first, Block* last) {
   Block* head = owner->remote_free.load(std::memory_order_relaxed);
+  const Page* last_page = unit_page_of(last);
   do {
-    last->next = head;
+    link_store(last_page, last, head);
   } while (!owner->remote_free.compare_exchange_weak(head, first, std::memory_order_release,
                                                      std::memory_order_relaxed));
 }
@@ -101,7 +108,7 @@ TRAY_INLINE RemoteBucket& bucket_of(Heap* self, const Page* page) {
 
 // Puts a run of `count` blocks, first..last, back on its page: page_free_local for many.
 void page_free_run(Heap* heap, Page* page, Block* first, Block* last, uint64_t count) {
-  last->next = page->free;
+  link_store(page, last, page->free);
   page->free = first;
   page->came_home = true;
   if (TRAY_UNLIKELY(page->floating)) {  // the first block back brings it into its queue
@@ -120,17 +127,17 @@ TRAY_INLINE void bucket_append(const Heap* self, RemoteBucket& bucket, Page* pag
   // knows, and it would load them again.
   Block* head = bucket.head;
   const uint32_t count = bucket.count;
-  block->next = head;
+  link_store(page, block, head);
   if (bucket.run_page == page) {  // joins the newest run, and heads it from now on
     const RunHeader& run = *header_of(head);
-    header_of(block)->last = run.last;
+    header_of(block)->last = run.last;  // encoded with the same page's key
     header_of(block)->count = run.count + 1;
   } else {
     // A run started kRemotePrefetchRuns or more blocks back (or nullptr), named by the new run
     // and replaced by it.
     Block*& back = bucket.recent[count & (kRemotePrefetchRuns - 1)];
     const Room room = room_of<kMayBeChecked>(self, page);
-    start_run(room, block, back);
+    start_run(room, page, block, back);
     back = block;
     bucket.run_page = room != Room::kNone ? page : nullptr;
   }
@@ -142,7 +149,7 @@ TRAY_INLINE void bucket_append(const Heap* self, RemoteBucket& bucket, Page* pag
 // The two sends that leave the common path, as tail calls out of remote_send: with a call
 // in its body, remote_send saved and restored six registers on every foreign free.
 TRAY_NOINLINE void send_alone(Heap* owner, Page* page, Block* block) {
-  start_run(room_of(owner, page), block, nullptr);
+  start_run(room_of(owner, page), page, block, nullptr);
   push_remote(owner, block, block);
 }
 
@@ -157,15 +164,20 @@ TRAY_NOINLINE void send_retargeted(Heap* self, Page* page, Block* block) {
   remote_send(self, page, block);
 }
 
-// The run that starts at `run`: its last block and its length.
-TRAY_INLINE Block* run_end(Block* run, Room room, uint32_t* count) {
+// The run that starts at `run` (a block of page): its last block and its length.
+TRAY_INLINE Block* run_end(const Page* page, Block* run, Room room, uint32_t* count) {
   if (room == Room::kNone) {
     *count = 1;
     return run;
   }
   const RunHeader& header = *header_of(run);
   *count = uint32_t(header.count & (kRunListsNewest - 1));
-  return header.last;
+  Block* last = link_decode(page, header.last);
+  if constexpr (kHardening) {
+    if (TRAY_UNLIKELY(*count == 0 || *count > page->reserved || !is_free_block(page, last)))
+      report_corrupted_list(page, last, run);
+  }
+  return last;
 }
 
 }  // namespace
@@ -229,7 +241,7 @@ struct RunList {
   Block* first = nullptr;
   Block* last = nullptr;
   void append(Block* run_first, Block* run_last) {
-    if (last != nullptr) last->next = run_first;
+    if (last != nullptr) chain_store(last, run_first);
     else first = run_first;
     last = run_last;
   }
@@ -257,11 +269,15 @@ void push_remote_unbounded(Heap* owner, Block* first) {
     Block* theirs = owner->remote_free.exchange(nullptr, std::memory_order_acquire);
     if (theirs != nullptr) {
       Block* last = theirs;
-      for (uint32_t count;; last = last->next) {
-        last = run_end(last, room_of(owner, unit_page_of(last)), &count);
-        if (last->next == nullptr) break;
+      for (uint32_t count;;) {
+        const Page* page = page_of_linked_block(owner, last, nullptr);
+        last = run_end(page, last, room_of(owner, page), &count);
+        Block* next = link_load(page, last);
+        if (next == nullptr) break;
+        page_of_linked_block(owner, next, last);
+        last = next;
       }
-      last->next = first;
+      chain_store(last, first);
       first = theirs;
     }
     expected = nullptr;
@@ -280,22 +296,24 @@ Block* reclaim_pages(Heap* owner, ReclaimTable& pages) {
   if (run == nullptr) return nullptr;
   RunList unchained;
   unsigned used = 0;
+  const Block* holder = nullptr;
   for (uint32_t walked = 0; run != nullptr && walked < kRemoteReclaimRuns; ++walked) {
-    Page* page = unit_page_of(run);
+    Page* page = page_of_linked_block(owner, run, holder);
     const Room room = room_of(owner, page);
     ReclaimTable::Chain* chain = nullptr;
     if (room != Room::kNone && (chain = pages.find_or_add(page, used)) == nullptr) break;
     uint32_t count;
-    Block* last = run_end(run, room, &count);
-    Block* next = last->next;
+    Block* last = run_end(page, run, room, &count);
+    Block* next = link_load(page, last);
     if (chain != nullptr) {
-      if (chain->last != nullptr) chain->last->next = run;
+      if (chain->last != nullptr) link_store(page, chain->last, run);
       else chain->first = run;
       chain->last = last;
       chain->blocks += count;
     } else {
       unchained.append(run, last);
     }
+    holder = last;
     run = next;
   }
   RunList kept;
@@ -306,14 +324,14 @@ Block* reclaim_pages(Heap* owner, ReclaimTable& pages) {
       continue;
     }
     // The chain's first block heads it now (without a list of the newest runs to prefetch).
-    header_of(chain.first)->last = chain.last;
+    header_of(chain.first)->last = link_encode(chain.page, chain.last);
     header_of(chain.first)->count = chain.blocks;
     kept.append(chain.first, chain.last);
   }
   if (unchained.first != nullptr) kept.append(unchained.first, unchained.last);
   // The owner's blocks first: giving pages to the pool takes its lock, once a page.
   if (run != nullptr) {  // the part not walked
-    if (kept.first != nullptr) kept.last->next = run;
+    if (kept.first != nullptr) chain_store(kept.last, run);
     else kept.first = run;
     push_remote_unbounded(owner, kept.first);
   } else if (kept.first != nullptr) {
@@ -324,7 +342,7 @@ Block* reclaim_pages(Heap* owner, ReclaimTable& pages) {
     auto* page = const_cast<Page*>(chain.page);
     page->floating = false;
     page->used = 0;
-    page->free = nullptr;
+    page->free = list_end();
     page_release(page);
   }
   return run == nullptr ? kept.first : nullptr;
@@ -390,32 +408,33 @@ void remote_flush_and_reclaim(Heap* self) noexcept {
 void remote_drain(Heap* heap) noexcept {
   Block* run = heap->remote_free.exchange(nullptr, std::memory_order_acquire);
   heap->drains.store(heap->drains.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  const Block* holder = nullptr;
   while (run != nullptr) {
-    Page* page = unit_page_of(run);
+    Page* page = page_of_linked_block(heap, run, holder);
     const Room room = room_of(heap, page);
     if (room == Room::kNone) {
-      Block* next = run->next;
+      Block* next = link_load(page, run);
       page->came_home = true;
       page_free_local(heap, page, run);
+      holder = run;
       run = next;
       continue;
     }
-    const RunHeader& header = *header_of(run);
-    Block* last = header.last;
-    uint64_t count = header.count;
+    uint32_t count;
+    Block* last = run_end(page, run, room, &count);
     if (room == Room::kAhead) {
-      if (count & kRunListsNewest) {
-        count -= kRunListsNewest;
+      if (header_of(run)->count & kRunListsNewest) {
         for (Block* newest : reinterpret_cast<const BatchHeader*>(run)->newest)
           if (newest != nullptr) __builtin_prefetch(newest);
       }
       // The block that started the run holds `ahead`; blocks that joined later did not copy it.
       if (Block* ahead = header_of(last)->ahead; ahead != nullptr) __builtin_prefetch(ahead);
     }
-    Block* next = last->next;
+    Block* next = link_load(page, last);
     // The next run's header lies in a line the sender wrote: start that miss now.
     __builtin_prefetch(next);
     page_free_run(heap, page, run, last, count);
+    holder = last;
     run = next;
   }
 }

@@ -6,7 +6,7 @@
 
 #include "core/core.hpp"
 #include "heap/config.hpp"
-#include "heap/free_key.hpp"
+#include "heap/hardening.hpp"
 #include "options/options.hpp"
 #include "platform/platform.hpp"
 #include "segment/segment.hpp"
@@ -18,9 +18,9 @@ namespace tray {
 namespace {
 
 constexpr unsigned kMaxOsPagesPerUnit = 16;  // the width of Segment::sparse_purged
-// The release double-free check's (free_key.hpp) backstop for the blocks whose key went with
+// The release double-free check's (hardening.hpp) backstop for the blocks whose key went with
 // their OS page.
-constexpr bool kReleaseChecks = TRAY_FREE_KEY_CHECK != 0;
+constexpr bool kReleaseChecks = TRAY_HARDENING != 0;
 constexpr size_t kMaxBlocksPerPage = kUnitBytes / kNaturalAlignment;
 constexpr size_t kMaxOsPagesPerPage = kUnitsPerSegment * kMaxOsPagesPerUnit;
 
@@ -175,13 +175,16 @@ BlockSet blocks_on_any(const Page* page, Geometry g, const OsPageSet& os_pages, 
 
 // The blocks of `set`, linked in address order in front of `rest`.
 Block* link_blocks(const Page* page, const BlockSet& set, Block* rest) {
-  Block* head = nullptr;
-  Block** tail = &head;
+  Block* head = list_end();
+  Block* tail = nullptr;
   set.for_each(page->capacity, [&](size_t i) {
-    *tail = block_at(page, i);
-    tail = &(*tail)->next;
+    Block* block = block_at(page, i);
+    if (tail != nullptr) link_store(page, tail, block);
+    else head = block;
+    tail = block;
   });
-  *tail = rest;
+  if (tail == nullptr) return rest;
+  link_store(page, tail, rest);
   return head;
 }
 
@@ -276,7 +279,9 @@ bool scrub_page(Page* page, Geometry g, GiveBack& give_back) {
   load_carved(page, g, purged, any_purged);
   const BlockIndex index_of(page);
   BlockSet on_list;
-  for (Block* b = page->free; b != nullptr; b = b->next) {
+  for (Block* b = page->free, *holder = nullptr; b != list_end(); holder = b, b = link_load(page, b)) {
+    // Every link is followed here, not only the ones a pop takes: checked in full.
+    if (!link_in_page(page, b)) report_corrupted_list(page, b, holder);
     const size_t i = index_of(b);
     if (kReleaseChecks && any_purged && gone.test(i)) report_sparse_block_reused(b, page);
     on_list.set(i);
@@ -299,7 +304,7 @@ bool scrub_page(Page* page, Geometry g, GiveBack& give_back) {
   }
   if (!any_new) return false;
 
-  page->free = link_blocks(page, on_list, nullptr);
+  page->free = link_blocks(page, on_list, list_end());
 
   for (size_t p = 0; p < whole_os_pages;) {
     if (!merged.test(p) || purged.test(p)) {

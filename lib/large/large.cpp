@@ -171,6 +171,8 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   // start at its end, in the next chunk, which the allocator does not own.
   const size_t used_bytes = align_up(offset + std::max<size_t>(size, 1), os::page_size());
   const size_t map_alignment = alignment > kSegmentBytes ? alignment : kSegmentBytes;
+  // As if none of it were resident yet: near the limit, giving back purges what is cached.
+  if (!limit_admit(used_bytes)) return nullptr;
   LargeHeader* header = nullptr;
   // A run starts on a page: alignments up to a page (debug mode's) need no more.
   if (alignment <= kOsPageBytes && used_bytes <= kSpanMaxBytes) header = span_alloc(used_bytes);
@@ -272,6 +274,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
   const size_t new_used = align_up(offset + new_size, os::page_size());
   const size_t old_usable = large_usable_size(header);
   const size_t old_reserve = header->reserve_bytes;
+  if (new_used > old_used && !limit_admit(new_used - old_used)) return nullptr;
   // Out of the total while it changes, so that trim_tail, if growing calls it, sees the others.
   count_tail(header, false);
   if (header->magic == kSpanBlockMagic) {

@@ -49,6 +49,8 @@ constexpr OptionSpec kSpecs[] = {
     {"stats_interval", Kind::kSeconds, 0, {}, false},
     {"sparse_delay_ms", Kind::kCount, 0, {}, false},
     {"only_exe", Kind::kPath, 0, {}, true},
+    {"memory_limit", Kind::kBytes, kMemoryLimitAuto, {}, false},
+    {"memory_limit_action", Kind::kChoice, kLimitSoft, {"soft", "fail"}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 

@@ -32,6 +32,8 @@ enum class Option : unsigned {
   kStatsInterval,  // seconds between periodic dumps (on the purger's thread); 0 for none
   kSparseDelayMs,  // ms a class must take no new page before its sparse pages give back OS pages
   kOnlyExe,      // reports (stats*, prof*) only in a process whose executable has this name
+  kMemoryLimit,  // bytes the allocator may hold from the OS; 0: none; kMemoryLimitAuto: the cgroup's
+  kMemoryLimitAction,  // kLimitSoft or kLimitFail: what reaching memory_limit does
   kCount,
 };
 
@@ -39,6 +41,10 @@ enum class Option : unsigned {
 inline constexpr int64_t kGuardSlotsMax = 1024;
 inline constexpr int64_t kStatsText = 0;
 inline constexpr int64_t kStatsJson = 1;
+// memory_limit unset: the limit is the process's cgroup's, less a margin (stats/limit.hpp).
+inline constexpr int64_t kMemoryLimitAuto = -1;
+inline constexpr int64_t kLimitSoft = 0;
+inline constexpr int64_t kLimitFail = 1;
 
 // The value of an option (reading TRAY_OPTIONS on first use).
 int64_t option(Option which);

@@ -1,6 +1,6 @@
 // Assertions in tiers:
 //  fatal_misuse()  the reports of misuse that release builds make (a double or invalid free,
-//                  a realloc of a freed block: heap/free_key.cpp, large/): a message naming the
+//                  a realloc of a freed block: heap/hardening.cpp, large/): a message naming the
 //                  address and size class, the hint to rerun in debug mode, a backtrace, abort;
 //  fatal()         a condition the allocator cannot go on from (the OS refused its maps);
 //  TRAY_CHECK      always on: guards against heap corruption and broken promises between the

@@ -144,21 +144,27 @@ bool purge(void* p, size_t bytes) {
   return purged;
 }
 
-namespace {
-// The first `capacity` bytes of a file such as /proc/self/statm, with the system calls
-// themselves (no C library interceptor between, see above; async-signal-safe), leaving errno
-// as it was; -1 if it could not be read.
+// With the system calls themselves: no C library interceptor between (see above).
 ssize_t read_small_file(const char* path, char* text, size_t capacity) {
   const int saved = errno;
   const int fd = int(syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC));
   ssize_t length = -1;
   if (fd >= 0) {
-    length = syscall(SYS_read, fd, text, capacity);
+    // A file of /proc or /sys may come a piece per read.
+    length = 0;
+    while (size_t(length) < capacity) {
+      const ssize_t n = syscall(SYS_read, fd, text + length, capacity - size_t(length));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      length += n;
+    }
     syscall(SYS_close, fd);
   }
   errno = saved;
   return length;
 }
+
+namespace {
 
 // strstr without the C library (an ASan interceptor may not be ready yet, see above): where
 // the first `word` in `text` ends, nullptr if there is none.

@@ -104,6 +104,19 @@ void close_fd(int fd);
 // The resident size of the whole process, from /proc/self/statm; 0 if unreadable.
 // Async-signal-safe (open/read/close).
 size_t resident_bytes();
+// The first `capacity` bytes of a small file (/proc/self/statm, a cgroup's memory.max) with
+// open/read/close, async-signal-safe and never allocating, errno left as it was: the bytes
+// read, or -1 if the file could not be opened.
+ssize_t read_small_file(const char* path, char* text, size_t capacity);
+// The memory limit of the calling process's cgroup, as the files under `root` say ("" for the
+// real ones; tests give a directory of their own that holds proc/self/cgroup,
+// proc/self/mountinfo and the cgroup files): the lowest of cgroup v1's memory.limit_in_bytes
+// and memory.soft_limit_in_bytes, or v2's memory.max and memory.high, over the process's
+// cgroup and those above it. 0 if there is none. `source` gets the file it came from
+// (terminated, cut to source_capacity). `scratch` is room for /proc/self/mountinfo (which can
+// be long, and the caller may be on a small stack): nothing here allocates.
+size_t cgroup_memory_limit(const char* root, char* scratch, size_t scratch_bytes, char* source,
+                           size_t source_capacity);
 // Which OS pages of [p, p + bytes) (page-aligned) are in memory: out[i] & 1 for the i-th
 // (mincore). False if the kernel would not say.
 bool resident_pages(const void* p, size_t bytes, unsigned char* out);
@@ -143,6 +156,12 @@ void write_frames(int fd, void* const* frames, int count);
 // installed with the first. A hook set twice is set once. False if sigaction failed or both
 // places are taken.
 bool set_fault_hook(void (*hook)(void* address));
+
+// Where p lies if no allocator can have handed it out: "the calling thread's stack" (between
+// the stack pointer and the top of the stack, when the thread runs on its own stack) or "the
+// program's image" (a loaded segment of the executable); nullptr when it may be another
+// allocator's block. For frees of pointers that are not ours (slow path: a system call).
+const char* place_of_non_heap_pointer(const void* p);
 
 int thread_key_create(pthread_key_t* key, void (*destructor)(void*));
 void thread_key_set(pthread_key_t key, const void* value);

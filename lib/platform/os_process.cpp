@@ -360,4 +360,52 @@ void Mutex::wake_one_waiter() {
 
 void wake_all(std::atomic<uint32_t>& word) { wake(word, INT32_MAX); }
 
+namespace {
+
+// A thread's stack is at most this big, for the test below: a stack pointer farther than this
+// from the top it would measure from is on some other stack (a coroutine's), where the range
+// to the top could take in anything.
+constexpr uintptr_t kLargestStackBytes = uintptr_t{64} << 20;
+
+bool on_own_stack(uintptr_t address) {
+  const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  if (address < sp) return false;
+  stack_t alternate;
+  if (syscall(SYS_sigaltstack, nullptr, &alternate) != 0 || (alternate.ss_flags & SS_ONSTACK) != 0)
+    return false;
+  // glibc puts a thread's descriptor at the top of its stack block, user-supplied stacks too;
+  // the main thread's lies elsewhere, and its stack ends at the strings the kernel put there,
+  // the executable's name last of them.
+  const auto descriptor = reinterpret_cast<uintptr_t>(pthread_self());
+  uintptr_t top = 0;
+  if (descriptor > sp && descriptor - sp <= kLargestStackBytes) top = descriptor;
+  else if (const uintptr_t end = getauxval(AT_EXECFN); end > sp && end - sp <= kLargestStackBytes)
+    top = end;
+  return address < top;
+}
+
+bool in_executable_image(uintptr_t address) {
+  const auto* headers = reinterpret_cast<const ElfW(Phdr)*>(getauxval(AT_PHDR));
+  const size_t count = getauxval(AT_PHNUM);
+  if (headers == nullptr) return false;
+  uintptr_t bias = 0;  // where a position-independent executable was loaded
+  for (size_t i = 0; i < count; ++i)
+    if (headers[i].p_type == PT_PHDR) bias = reinterpret_cast<uintptr_t>(headers) - headers[i].p_vaddr;
+  for (size_t i = 0; i < count; ++i) {
+    if (headers[i].p_type != PT_LOAD) continue;
+    const uintptr_t start = bias + headers[i].p_vaddr;
+    if (address >= start && address - start < headers[i].p_memsz) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* place_of_non_heap_pointer(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  if (on_own_stack(address)) return "the calling thread's stack";
+  if (in_executable_image(address)) return "the program's image";
+  return nullptr;
+}
+
 }  // namespace tray::os

@@ -98,13 +98,19 @@ void collect_memory(tray_stats* out) {
   out->mapped_bytes = load(g_totals.bytes_mapped) + metadata;
   // Address space whose OS pages are touched one per 32 MiB of segments: apart from the rest.
   out->unit_map_bytes = load(g_totals.bytes_index);
-  const uint64_t decommitted = load(g_totals.bytes_decommitted);
-  out->committed_bytes = (segment_bytes > decommitted ? segment_bytes - decommitted : 0) +
-                         load(g_totals.bytes_large_committed) + metadata;
+  out->committed_bytes = held_bytes();
   out->resident_bytes = os::resident_bytes();
   out->released_bytes = load(g_totals.bytes_purged);
   out->metadata_bytes = metadata + segments * align_up(sizeof(Segment), os::page_size());
   out->segments = segments;
+  LimitReport limit;
+  limit_report(&limit);
+  out->memory_limit_bytes = limit.bytes;
+  out->memory_limit_from_cgroup = limit.from_cgroup;
+  out->memory_limit_fail = limit.fail;
+  out->memory_limit_reached = limit.reached;
+  out->memory_limit_failures = limit.failures;
+  out->memory_limit_released_bytes = limit.released_bytes;
 }
 
 void collect_process(tray_stats* out) {
@@ -207,17 +213,20 @@ using namespace tray;
 
 extern "C" {
 
-// Version 1 callers have the struct without its last field.
+// Callers of older versions have the struct without the fields added since: 2 ends before
+// the memory limit's, 1 before unit_map_bytes.
 TRAY_EXPORT int tray_stats_get(tray_stats* out) {
-  if (out == nullptr || (out->version != TRAY_STATS_VERSION && out->version != 1)) return EINVAL;
+  if (out == nullptr || out->version == 0 || out->version > TRAY_STATS_VERSION) return EINVAL;
   if (out->version == TRAY_STATS_VERSION) {
     stats_collect(out);
     return 0;
   }
   tray_stats all;
   stats_collect(&all);
-  all.version = 1;
-  __builtin_memcpy(out, &all, offsetof(tray_stats, unit_map_bytes));
+  all.version = out->version;
+  const size_t bytes = out->version == 1 ? offsetof(tray_stats, unit_map_bytes)
+                                         : offsetof(tray_stats, memory_limit_bytes);
+  __builtin_memcpy(out, &all, bytes);
   return 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include "core/core.hpp"
 #include "platform/platform.hpp"
+#include "stats/stats.hpp"
 
 namespace tray {
 
@@ -42,6 +43,26 @@ uint64_t class_waste_bytes(const tray_class_stats& c) {
   return handed_out > c.requested_bytes ? handed_out - c.requested_bytes : 0;
 }
 bool class_used(const tray_class_stats& c) { return c.allocations != 0 || c.pages != 0; }
+
+// Where the limit came from: memory_limit, or the cgroup file (whose path only the running
+// process knows, so it is looked up here rather than carried in tray_stats).
+const char* limit_source(const tray_stats& s) {
+  if (s.memory_limit_from_cgroup == 0) return "memory_limit";
+  LimitReport limit;
+  limit_report(&limit);
+  return limit.source;
+}
+
+// "  memory limit: ...", only in a process that has one (or had, and reached it).
+void text_limit_line(TextBuffer& out, const tray_stats& s) {
+  if (s.memory_limit_bytes == 0 && s.memory_limit_reached == 0) return;
+  out.str("  memory limit: ");
+  if (s.memory_limit_bytes == 0) out.str("none now");
+  else out.human(s.memory_limit_bytes).str(s.memory_limit_fail != 0 ? " (fail" : " (soft");
+  if (s.memory_limit_bytes != 0) out.str(", from ").str(limit_source(s)).chr(')');
+  out.str("; reached ").dec(s.memory_limit_reached).str(", failed ").dec(s.memory_limit_failures);
+  out.str(", gave back ").human(s.memory_limit_released_bytes).chr('\n');
+}
 
 // --- text ----------------------------------------------------------------------------------
 struct Column {
@@ -88,6 +109,17 @@ class JsonObject {
   }
   JsonObject& text(const char* name, const char* value) {
     key(name).chr('"').str(value).chr('"');  // our own words only: nothing to escape
+    return *this;
+  }
+  // A path from the system (the cgroup file of the memory limit): quotes and backslashes
+  // escaped, control characters left out.
+  JsonObject& path(const char* name, const char* value) {
+    TextBuffer& out = key(name).chr('"');
+    for (const char* c = value; *c != '\0'; ++c) {
+      if (*c == '"' || *c == '\\') out.chr('\\');
+      if (static_cast<unsigned char>(*c) >= 0x20) out.chr(*c);
+    }
+    out.chr('"');
     return *this;
   }
   JsonObject& ratio(const char* name, uint64_t numerator, uint64_t denominator) {
@@ -151,6 +183,7 @@ void stats_print_text(const tray_stats& s, int pid, const char* reason, StatsSin
   out.str(", resident ").human(s.resident_bytes).str(" (whole process), released ");
   out.human(s.released_bytes).str(", metadata ").human(s.metadata_bytes).str(", segments ");
   out.dec(s.segments).str(", unit map ").human(s.unit_map_bytes).str(" of address space\n");
+  text_limit_line(out, s);
   out.str("  threads: alive ").dec(s.threads_alive).str(", exited ").dec(s.threads_exited);
   out.str(", heaps ").dec(s.heaps_created).str("; remote frees ").dec(s.remote_frees);
   out.str(", foreign frees ").dec(s.foreign_frees).str(", debug errors ").dec(s.debug_errors).chr('\n');
@@ -205,6 +238,13 @@ void stats_print_json(const tray_stats& s, int pid, const char* reason, StatsSin
   process.field("heaps_created", s.heaps_created).field("remote_frees", s.remote_frees);
   process.field("foreign_frees", s.foreign_frees).field("debug_errors", s.debug_errors);
   process.close();
+  output.piece_done();
+  root.key("memory_limit");
+  JsonObject limit(out);
+  limit.field("bytes", s.memory_limit_bytes).path("source", s.memory_limit_bytes != 0 ? limit_source(s) : "");
+  limit.text("action", s.memory_limit_fail != 0 ? "fail" : "soft").field("reached", s.memory_limit_reached);
+  limit.field("failures", s.memory_limit_failures).field("released_bytes", s.memory_limit_released_bytes);
+  limit.close();
   root.key("os_calls");
   JsonObject calls(out);
   calls.field("mmap", s.os_mmap).field("munmap", s.os_munmap).field("madvise", s.os_madvise);

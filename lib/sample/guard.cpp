@@ -168,7 +168,7 @@ void* place(size_t size, size_t alignment, const Stack& allocated) {
   // Freed slots give their pages back (guard_free), but the kernel may have refused, so the
   // block is zeroed: what a previous block left there lies at other offsets now, and a copy of
   // the free key at the new block's second word would make its next owner's free look like a
-  // double free (free_key.hpp). The rest of its pages holds the canary, checked at free.
+  // double free (hardening.hpp). The rest of its pages holds the canary, checked at free.
   std::memset(reinterpret_cast<void*>(block), 0, size);
   fill_padding(mapped, block);
   fill_padding(block + size, mapped_end);

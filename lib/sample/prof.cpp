@@ -242,11 +242,19 @@ void forget(const void* block) {
 // The blocks freed since the last take-in leave the table (under g_lock). They wait in
 // g_forgotten for return_forgotten: a dump may run this in a signal handler, where the
 // heap's page events (which can reach the segment pool's lock) must not run.
+// Their links, like free lists', are encoded with the key of the block's page and checked
+// when followed (heap/hardening.hpp): a sampled block written after its free must not lead
+// the take-in to write elsewhere.
 void take_in_freed() {
-  for (Block* block = g_freed.exchange(nullptr, std::memory_order_acquire); block != nullptr;) {
-    Block* next = block->next;
+  Heap* heap = g_prof_heap.load(std::memory_order_relaxed);
+  Block* block = g_freed.exchange(nullptr, std::memory_order_acquire);
+  if (block != nullptr) page_of_linked_block(heap, block, nullptr);
+  while (block != nullptr) {
+    const Page* page = unit_page_of(block);
+    Block* next = link_load(page, block);
+    if (next != nullptr) page_of_linked_block(heap, next, block);
     forget(block);
-    block->next = g_forgotten;
+    link_store(page, block, g_forgotten);
     g_forgotten = block;
     block = next;
   }
@@ -258,8 +266,10 @@ void return_forgotten() {
   Heap* heap = g_prof_heap.load(std::memory_order_relaxed);
   while (g_forgotten != nullptr) {
     Block* block = g_forgotten;
-    g_forgotten = block->next;
-    page_free_local(heap, unit_page_of(block), block);
+    Page* page = unit_page_of(block);
+    g_forgotten = link_load(page, block);
+    if (g_forgotten != nullptr) page_of_linked_block(heap, g_forgotten, block);
+    page_free_local(heap, page, block);
   }
 }
 
@@ -340,8 +350,9 @@ void prof_lock_for_fork() { g_lock.lock(); }
 void prof_unlock_after_fork() { g_lock.unlock(); }
 
 void prof_free(Block* block) {
+  const Page* page = unit_page_of(block);
   Block* head = g_freed.load(std::memory_order_relaxed);
-  do block->next = head;
+  do link_store(page, block, head);
   while (!g_freed.compare_exchange_weak(head, block, std::memory_order_release, std::memory_order_relaxed));
 }
 

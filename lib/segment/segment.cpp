@@ -238,6 +238,8 @@ size_t held_dirty_bytes(uint64_t now) {
 }
 
 void select_purges(uint64_t now, bool force, bool again, PoolWork& work) {
+  // Near the memory limit, freed units go back at once.
+  force |= limit_pressed();
   const size_t held = held_dirty_bytes(now);
   g_pool_holding.store(held != 0, std::memory_order_relaxed);
   const size_t limit = std::max(dirty_limit_bytes(), held);
@@ -340,6 +342,8 @@ Page* carve_page(Segment* s, int first, unsigned units) {
 // like any empty segment.
 Page* segment_take_page(unsigned units) {
   TRAY_ASSERT(units > 0 && units < kUnitsPerSegment);
+  // As if every unit were new: near the limit, giving back purges the dirty ones anyway.
+  if (!limit_admit(size_t(units) * kUnitBytes)) return nullptr;
   const uint64_t now = os::now_ms();
   PoolWork work;
   Page* page = nullptr;

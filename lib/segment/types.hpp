@@ -51,6 +51,11 @@ struct alignas(kCacheLineBytes) Page {
   uint16_t given_back : 1 = 0;
   Page* next = nullptr;         // owner: the heap's queue for this class
   Page* prev = nullptr;
+  // Set when the page gets its owner (heap/hardening.hpp), read by its pops: the end of its
+  // last block (0: no page, so that every pop of the shared empty page fails its test), and
+  // the inverse of link_key, which decodes the links its free blocks hold.
+  uintptr_t limit = 0;
+  uint64_t link_unkey = 1;
   // --- the shared line: set when the page gets its owner, read by every thread that frees
   // one of its blocks ---
   alignas(kCacheLineBytes) Heap* heap = nullptr;  // owner; stable while any block of the page is live
@@ -60,6 +65,13 @@ struct alignas(kCacheLineBytes) Page {
   uint8_t size_class = 0;
   uint8_t unit_count = 0;       // units spanned (pool lock); 0 for no page
   uint8_t heap_bucket = 0;      // remote_bucket_of(heap), for senders: set with `heap`
+  // Set with `heap` (heap/hardening.hpp), read by every free: the odd key that encodes the
+  // links in free blocks, and the divisor that tells a block's start from a pointer into it
+  // with the largest product a start gives (start_divisor - 1, kept apart so that the fast
+  // path compares with memory instead of computing it in a register).
+  uint64_t link_key = 1;
+  uint64_t start_divisor = 0;
+  uint64_t start_bound = 0;
 };
 static_assert(sizeof(Page) == 2 * kCacheLineBytes && kCacheLineBytes == 64);
 static_assert(offsetof(Page, prev) + sizeof(Page*) <= kCacheLineBytes && offsetof(Page, heap) == kCacheLineBytes,

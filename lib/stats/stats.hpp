@@ -14,6 +14,7 @@
 #include "core/core.hpp"
 #include "platform/platform.hpp"
 #include "size_classes/size_classes.hpp"
+#include "stats/limit.hpp"
 
 // CMake TRAY_STATS=OFF compiles the per-heap counters out (to measure what they cost).
 #ifndef TRAY_STATS_COUNTERS

@@ -41,9 +41,8 @@ static void overflow(size_t size) {
   free((void*)block);
 }
 
-/* glibc's free reads a chunk header in the two words before the pointer: zeroed, they make it
- * reject the pointer the same way every time ("free(): invalid pointer") when debug mode is off
- * and the pointer reaches glibc. */
+/* A fake block on the stack, with the two words in front that glibc's free would read as its
+ * chunk header: traymalloc stops the program before the pointer can reach glibc. */
 static void free_stack_pointer(void) {
   volatile size_t on_stack[3] = {0, 0, 0};
   free((void*)&on_stack[2]);

@@ -1,4 +1,4 @@
-// Double-free detection in the release library (free_key.hpp): each way a block can be freed
+// Double-free detection in the release library (hardening.hpp): each way a block can be freed
 // twice stops the program with the block's address and class, and correct programs, whose
 // blocks are reused over and over, never trip it.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "heap/free_key.hpp"
+#include "heap/hardening.hpp"
 #include "size_classes/size_classes.hpp"
 #include "traymalloc.h"
 
@@ -21,7 +21,7 @@ class DoubleFreeDeath : public testing::Test {
   void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
 };
 
-#if TRAY_FREE_KEY_CHECK
+#if TRAY_HARDENING
 
 // Resized in place, a freed block came back as live while it sat on a free list: the next
 // malloc of its class would have handed it out a second time.
@@ -147,7 +147,7 @@ TEST_F(DoubleFreeDeath, LastBlockOfAPage) {
       kMessage256);
 }
 
-#endif  // TRAY_FREE_KEY_CHECK
+#endif  // TRAY_HARDENING
 
 // Blocks come back to the same callers again and again, with whatever the program left in
 // them (including the word where a free block keeps the key): none of it looks freed twice.

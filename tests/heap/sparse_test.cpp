@@ -13,7 +13,7 @@
 
 #include "heap/config.hpp"
 #include "size_classes/config.hpp"
-#include "heap/free_key.hpp"
+#include "heap/hardening.hpp"
 #include "size_classes/size_classes.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
@@ -211,7 +211,7 @@ TEST(Sparse, IdleHeadPageGivesBackItsFreeOsPages) {
   }).join();
 }
 
-#if TRAY_FREE_KEY_CHECK
+#if TRAY_HARDENING
 // A block of an OS page the pass gave back has lost its free key with the page: a second free
 // of it passes free's check. What comes after must catch it before the block has two owners.
 class SparseDoubleFreeDeath : public testing::Test {

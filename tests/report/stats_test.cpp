@@ -213,7 +213,7 @@ TEST(Stats, JsonDumpIsOneWellFormedLine) {
   EXPECT_EQ(json.find('\n'), json.size() - 1) << "one dump, one line";
   JsonChecker checker(json);
   EXPECT_TRUE(checker.document()) << json;
-  EXPECT_EQ(checker.objects, 1 + 48 + 3);  // the dump, its classes, large/process/os_calls
+  EXPECT_EQ(checker.objects, 1 + 48 + 4);  // the dump, its classes, large/process/memory_limit/os_calls
   EXPECT_EQ(json.rfind("{\"traymalloc_stats\":1,", 0), 0u);
   EXPECT_NE(json.find("\"block_bytes\":131072,"), std::string::npos);
 }
