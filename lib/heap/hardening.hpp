@@ -79,11 +79,14 @@ TRAY_INLINE bool link_in_page(const Page* page, const Block* link) {
 // decoded out of the page. `holder` is the block it was read from, when known.
 [[noreturn]] TRAY_COLD void report_corrupted_list(const Page* page, const void* link, const void* holder);
 
-// Stops the program if the head of page's list is not the end and not one of its blocks.
-TRAY_INLINE void heap_check_head(const Page* page) {
+// Stops the program if the head of page's list is not the end and not one of its blocks. The
+// list is cut first: what the report allocates must not meet the broken link again.
+TRAY_INLINE void heap_check_head(Page* page) {
   Block* head = page->free;
-  if (TRAY_UNLIKELY(head != list_end() && reinterpret_cast<uintptr_t>(head) >= page->limit))
+  if (TRAY_UNLIKELY(head != list_end() && reinterpret_cast<uintptr_t>(head) >= page->limit)) {
+    page->free = list_end();
     report_corrupted_list(page, head, nullptr);
+  }
 }
 
 // The page of `target`, a block of owner's reached through the link that `holder` holds

@@ -31,8 +31,10 @@ namespace {
 static_assert((kRemotePrefetchRuns & (kRemotePrefetchRuns - 1)) == 0, "a ring indexed by a mask");
 
 // Every link a free block holds (`next`, and `last`) is encoded with the key of the block's own
-// page (hardening.hpp), the links that chain runs of different pages included; the owner checks
-// each run before it splices it (check_run).
+// page (hardening.hpp), the links that chain runs of different pages included, and so is
+// `count`, multiplied by the same key (a run's blocks share a page): a count written after the
+// free would otherwise take `used` to zero under live blocks. The owner checks each run before
+// it splices it (page_of_linked_block, run_end).
 struct RunHeader {
   Block* next;
   uint64_t free_key;
@@ -64,12 +66,21 @@ TRAY_INLINE Room room_of(const Heap* heap, const Page* page) {
 }
 TRAY_INLINE RunHeader* header_of(Block* block) { return reinterpret_cast<RunHeader*>(block); }
 
+// A run's count as its header holds it: times its page's link key, so that the sum of an
+// encoded count and an encoded 1 is the encoded count plus one.
+TRAY_INLINE uint64_t count_encode(const Page* page, uint64_t count) {
+  return kHardening ? count * page->link_key : count;
+}
+TRAY_INLINE uint64_t count_decode(const Page* page, uint64_t stored) {
+  return kHardening ? stored * page->link_unkey : stored;
+}
+
 // Makes block (of page) a run of one, if it has room for the header.
 TRAY_INLINE void start_run(Room room, const Page* page, Block* block, Block* ahead) {
   if (room == Room::kNone) return;
   if (room == Room::kAhead) header_of(block)->ahead = ahead;
   header_of(block)->last = link_encode(page, block);
-  header_of(block)->count = 1;
+  header_of(block)->count = count_encode(page, 1);
 }
 
 // The links that chain runs, held by a run's last block: encoded with that block's page's key.
@@ -91,7 +102,7 @@ TRAY_NOINLINE void flush_bucket(RemoteBucket& bucket) {
   if (bucket.run_page != nullptr && bucket.run_page->block_bytes >= sizeof(BatchHeader)) {
     auto* batch = reinterpret_cast<BatchHeader*>(bucket.head);
     for (unsigned i = 0; i < kRemotePrefetchRuns; ++i) batch->newest[i] = bucket.recent[i];
-    batch->run.count |= kRunListsNewest;
+    batch->run.count += count_encode(bucket.run_page, kRunListsNewest);
   }
   push_remote(bucket.target, bucket.head, bucket.tail);
   const RemoteWatch watch = bucket.watch;
@@ -131,7 +142,7 @@ TRAY_INLINE void bucket_append(const Heap* self, RemoteBucket& bucket, Page* pag
   if (bucket.run_page == page) {  // joins the newest run, and heads it from now on
     const RunHeader& run = *header_of(head);
     header_of(block)->last = run.last;  // encoded with the same page's key
-    header_of(block)->count = run.count + 1;
+    header_of(block)->count = run.count + count_encode(page, 1);  // one more, still encoded
   } else {
     // A run started kRemotePrefetchRuns or more blocks back (or nullptr), named by the new run
     // and replaced by it.
@@ -171,7 +182,7 @@ TRAY_INLINE Block* run_end(const Page* page, Block* run, Room room, uint32_t* co
     return run;
   }
   const RunHeader& header = *header_of(run);
-  *count = uint32_t(header.count & (kRunListsNewest - 1));
+  *count = uint32_t(count_decode(page, header.count) & (kRunListsNewest - 1));
   Block* last = link_decode(page, header.last);
   if constexpr (kHardening) {
     if (TRAY_UNLIKELY(*count == 0 || *count > page->reserved || !is_free_block(page, last)))
@@ -325,7 +336,7 @@ Block* reclaim_pages(Heap* owner, ReclaimTable& pages) {
     }
     // The chain's first block heads it now (without a list of the newest runs to prefetch).
     header_of(chain.first)->last = link_encode(chain.page, chain.last);
-    header_of(chain.first)->count = chain.blocks;
+    header_of(chain.first)->count = count_encode(chain.page, chain.blocks);
     kept.append(chain.first, chain.last);
   }
   if (unchained.first != nullptr) kept.append(unchained.first, unchained.last);
@@ -423,7 +434,7 @@ void remote_drain(Heap* heap) noexcept {
     uint32_t count;
     Block* last = run_end(page, run, room, &count);
     if (room == Room::kAhead) {
-      if (header_of(run)->count & kRunListsNewest) {
+      if (count_decode(page, header_of(run)->count) & kRunListsNewest) {
         for (Block* newest : reinterpret_cast<const BatchHeader*>(run)->newest)
           if (newest != nullptr) __builtin_prefetch(newest);
       }

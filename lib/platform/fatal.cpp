@@ -1,5 +1,7 @@
 #include <unistd.h>
 
+#include <atomic>
+
 #include "core/core.hpp"
 #include "platform/assert.hpp"
 #include "platform/os.hpp"
@@ -25,6 +27,10 @@ void fatal_check(const char* condition, const char* file, int line) {
 
 void fatal_misuse(const TextBuffer& message) {
   os::write_text(STDERR_FILENO, message);
+  // The backtrace's first use loads the unwinder, which allocates: a second report from in
+  // there (the same broken list, met again) ends the process without one.
+  static std::atomic<bool> reporting{false};
+  if (reporting.exchange(true, std::memory_order_relaxed)) os::abort_process();
   static constexpr char kHint[] =
       "traymalloc: rerun with TRAY_OPTIONS=debug=1 to check every block and free "
       "(fills, canaries, exact reports)\n";

@@ -28,6 +28,34 @@ static void write_after_free(void) {
   free_many_other_blocks(64);
 }
 
+/* tcache poisoning's first step: the freed block's link overwritten with an address of the
+ * attacker's choosing, then two mallocs of its class, the second of which would return it. */
+static char g_target[64];
+static void poison_link(void) {
+  void* volatile* block = malloc(40);
+  free((void*)block);
+  block[0] = g_target;
+  void* first = malloc(40);
+  void* second = malloc(40);
+  printf("%s\n", second == g_target ? "exploited" : "not exploited");
+  fflush(stdout); /* before a report aborts */
+  free(first);
+  free_many_other_blocks(40);
+}
+
+/* A linear overflow of two bytes out of a live block into its freed neighbour, whose first
+ * bytes are its free-list link outside debug mode. Blocks of a fresh page come in address
+ * order, so the second is the first's neighbour. */
+static void overflow_into_link(void) {
+  volatile char* live = malloc(40);
+  void* neighbour = malloc(40);
+  free(neighbour);
+  live[48] = 'A';
+  live[49] = 'A';
+  for (int i = 0; i < 3; ++i) (void)malloc(40);
+  free_many_other_blocks(40);
+}
+
 static void double_free(size_t size) {
   void* block = malloc(size);
   free(block);
@@ -100,6 +128,8 @@ static const struct mode kModes[] = {
     {"free-stack", free_stack_pointer},
     {"free-interior", free_interior_pointer},
     {"realloc-freed", realloc_freed_block},
+    {"poison-link", poison_link},
+    {"overflow-into-link", overflow_into_link},
     {"read-fresh", read_fresh_block},
     {"read-freed", read_freed_block},
     {"large-use-after-free", write_to_freed_large_block},

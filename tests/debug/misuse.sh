@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs one mode of misuse.c (a heap mistake) under libtraymalloc.so three ways:
+# Runs one mode of misuse.c (a heap mistake) under libtraymalloc.so, or linked with
+# libtraymalloc.a ("static"), three ways:
 #   debug    TRAY_OPTIONS=debug=1: the exact report line, a backtrace, then SIGABRT (status 134);
 #   plain    no options: the mistake goes unnoticed, as docs/GUIDE.md says of release builds, except
 #            the ones release builds stop too (heap/hardening.hpp; unless built with
@@ -9,15 +10,19 @@
 # Modes that only read memory report nothing: there the debug run shows the fill patterns. A
 # write to a freed large block reports nothing either: it faults on the inaccessible mapping.
 #
-# Usage: misuse.sh LIBTRAYMALLOC MISUSE_PROGRAM MODE
+# Usage: misuse.sh LIBTRAYMALLOC|static MISUSE_PROGRAM MODE
 # Exit status: 0 pass, 1 fail.
 set -euo pipefail
 
-[[ $# -eq 3 ]] || { echo "usage: $0 LIBTRAYMALLOC MISUSE_PROGRAM MODE" >&2; exit 2; }
-library=$(realpath -- "$1")
+[[ $# -eq 3 ]] || { echo "usage: $0 LIBTRAYMALLOC|static MISUSE_PROGRAM MODE" >&2; exit 2; }
 program=$(realpath -- "$2")
 mode=$3
-[[ -f $library ]] || { echo "FAIL: $library does not exist" >&2; exit 1; }
+preload=()  # "static": the program has traymalloc linked in
+if [[ $1 != static ]]; then
+  library=$(realpath -- "$1")
+  [[ -f $library ]] || { echo "FAIL: $library does not exist" >&2; exit 1; }
+  preload=("LD_PRELOAD=$library")
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tray-misuse.XXXXXX")
 trap 'rm -rf -- "$work"' EXIT
@@ -67,6 +72,19 @@ case $mode in
     # (in place it would hand out a block still on a free list) or copies it.
     plain=release-reports release_report=$report
     go_on_stdout=$'realloc returned NULL\nfinished' ;;
+  poison-link)
+    # Debug mode keeps the block in quarantine, so the mallocs get other blocks; the write shows
+    # when the block leaves it.
+    report="write after free: block $ADDRESS \(size class 48 B\) modified at offset 0 \(found 0x[0-9a-f]+, expected 0x1deadb0b\)"
+    debug_stdout=$'not exploited'
+    plain=release-reports
+    release_report="free list corrupted: a write after free or an overflow \(size class 48 B, page of blocks at $ADDRESS\): the next block to hand out would be $ADDRESS, outside the page"
+    go_on_stdout=$'not exploited\nfinished' ;;
+  overflow-into-link)
+    # In debug mode 40 requested bytes leave 8 of canary: bytes 48 and 49 are the neighbour's.
+    report="write after free: block $ADDRESS \(size class 48 B\) modified at offset 0 \(found 0x1dea4141, expected 0x1deadb0b\)"
+    plain=release-reports
+    release_report="free list corrupted: a write after free or an overflow \(size class 48 B, page of blocks at $ADDRESS\): the next block to hand out would be $ADDRESS, outside the page" ;;
   read-fresh)
     debug_status=0 debug_stdout=$'a110ca7e\nfinished' go_on_stdout=$debug_stdout
     plain_stdout=$'????????\nfinished' ;;
@@ -91,7 +109,7 @@ run() {
   local name=$1; shift
   status=0
   # The braces take the shell's own "Aborted" notice away from the test's output.
-  { env LD_PRELOAD="$library" "$@" "$program" "$mode" >"$work/$name.out" 2>"$work/$name.err" ||
+  { env "${preload[@]}" "$@" "$program" "$mode" >"$work/$name.out" 2>"$work/$name.err" ||
       status=$?; } 2>/dev/null
 }
 
