@@ -8,7 +8,7 @@
 // the block before, decodes to an address no one chose: a multiplication carries a change in any
 // byte into every byte above it, so even a byte or two written over the link's low end leaves
 // the decoded address far outside the page. The fast path's test for "list empty" is
-// `head >= Page::limit` (the list ends in kListEnd, above every page), so a decoded address past
+// `head >= Page::limit` (the list ends in list_end(), above every page), so a decoded address past
 // the page's end falls into the same branch, where heap_check_head names it. A link the program
 // overwrote with zero decodes to zero and the next allocation of the class faults on it.
 //
@@ -128,12 +128,7 @@ TRAY_INLINE bool is_free_block(const Page* page, Block* block) {
 // start or the block is free already, which free_key_check_and_set then reports from the slow
 // path (a report from here would give the fast path a stack frame).
 TRAY_INLINE bool free_key_passes(const Page* page, Block* block) {
-  const uint64_t offset = reinterpret_cast<uintptr_t>(block) - reinterpret_cast<uintptr_t>(page->blocks);
-  return offset * page->start_divisor <= page->start_bound &&
-         *free_key_word(block) != reinterpret_cast<uintptr_t>(page);
-}
-TRAY_INLINE void free_key_set_fast(const Page* page, Block* block) {
-  *free_key_word(block) = reinterpret_cast<uintptr_t>(page);
+  return is_block_start(page, block) && *free_key_word(block) != reinterpret_cast<uintptr_t>(page);
 }
 
 // On every free, before the block is linked anywhere. `page` is the block's own page, never
@@ -145,8 +140,9 @@ TRAY_INLINE void free_key_check_and_set(const Page* page, Block* block) {
   *free_key_word(block) = key;
 }
 
-// For a block that the debug layer gives back from its quarantine to another heap: the
-// owner's drain checks every run's blocks for the mark (remote.cpp).
+// Marks a block free: after free_key_passes on the fast path, and for a block that the debug
+// layer gives back from its quarantine to another heap (the owner's drain checks every run's
+// blocks for the mark, remote.cpp).
 TRAY_INLINE void free_key_set(const Page* page, Block* block) {
   *free_key_word(block) = reinterpret_cast<uintptr_t>(page);
 }
@@ -166,7 +162,6 @@ TRAY_INLINE void free_key_check_live(const Page* page, Block* block) {
 }
 #else
 TRAY_INLINE bool free_key_passes(const Page*, Block*) { return true; }
-TRAY_INLINE void free_key_set_fast(const Page*, Block*) {}
 TRAY_INLINE void free_key_check_and_set(const Page*, Block*) {}
 TRAY_INLINE void free_key_set(const Page*, Block*) {}
 TRAY_INLINE void free_key_clear(Block*) {}

@@ -167,7 +167,7 @@ TRAY_INLINE void* heap_alloc_small(size_t size) noexcept {
 // the checks fail (hardening.hpp): the slow path, which runs them again, reports.
 TRAY_INLINE bool heap_free_own(Heap* heap, Page* page, void* p) noexcept {
   if (TRAY_LIKELY(page->heap == heap && free_key_passes(page, static_cast<Block*>(p)))) {
-    free_key_set_fast(page, static_cast<Block*>(p));
+    free_key_set(page, static_cast<Block*>(p));
     count_free(heap, page);
     page_free_local(heap, page, static_cast<Block*>(p));
     return true;
