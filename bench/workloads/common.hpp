@@ -7,7 +7,9 @@
 // Command line (every workload): --scale X multiplies the amount of work (1 = the full run);
 // --threads N sets the thread count of the multi-threaded ones (a single-threaded one refuses
 // it); --expect-malloc LIB makes the program refuse to run unless LIB is the malloc in use, so
-// a preload that silently did not happen cannot pass for the allocator it named. --describe
+// a preload that silently did not happen cannot pass for the allocator it named. LIB is a
+// name (traymalloc, glibc, jemalloc, mimalloc, tcmalloc) or, for any other allocator, the
+// path of the library that must define malloc. --describe
 // (alone) prints what the workload declares about itself and exits, one line:
 //
 //   DESCRIBE workload=NAME threads=yes|no default_threads=T
@@ -17,6 +19,7 @@
 #pragma once
 
 #include <dlfcn.h>
+#include <limits.h>
 
 #include <algorithm>
 #include <atomic>
@@ -63,6 +66,16 @@ inline const char* malloc_library_name() {
   return "glibc";
 }
 
+// Whether malloc, as the program's calls resolve it, is defined in the library at `path`.
+inline bool malloc_defined_in(const char* path) {
+  Dl_info info{};
+  void* symbol = dlsym(RTLD_DEFAULT, "malloc");
+  if (symbol == nullptr || dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) return false;
+  char defining[PATH_MAX], wanted[PATH_MAX];
+  return realpath(info.dli_fname, defining) != nullptr && realpath(path, wanted) != nullptr &&
+         std::strcmp(defining, wanted) == 0;
+}
+
 template <typename Number>
 bool parse_number(const char* text, Number& out) {
   const char* end = text + std::strlen(text);
@@ -101,7 +114,10 @@ inline Options parse_options(int argc, char** argv, const Declaration& declarati
     }
     if (!valid) usage_error(argv[0], declaration);
   }
-  if (!options.expect_malloc.empty() && options.expect_malloc != malloc_library_name()) {
+  const std::string& expected = options.expect_malloc;
+  const bool by_path = expected.find('/') != std::string::npos;
+  if (!expected.empty() && (by_path ? !malloc_defined_in(expected.c_str())
+                                    : expected != malloc_library_name())) {
     std::fprintf(stderr, "%s: expected malloc %s but %s is in use\n", argv[0],
                  options.expect_malloc.c_str(), malloc_library_name());
     std::exit(3);

@@ -19,8 +19,14 @@ inline constexpr unsigned kUnitShift = 16;
 inline constexpr size_t kUnitBytes = size_t{1} << kUnitShift;        // 64 KiB
 inline constexpr size_t kUnitsPerSegment = kSegmentBytes / kUnitBytes; // 64; unit 0 is the header
 
-// Largest user-visible address the chunk map covers (x86-64 and AArch64 with 48-bit VAs).
+// Largest user-visible address the chunk map covers: user space ends at 2^47 on x86-64, and
+// at 2^48 on AArch64 kernels with 48-bit VAs (Graviton's and Ampere's), which put mappings
+// just below it; there the chunk map takes 64 MiB of address space instead of 32.
+#if defined(__aarch64__)
+inline constexpr unsigned kAddressBits = 48;
+#else
 inline constexpr unsigned kAddressBits = 47;
+#endif
 
 // Every block is aligned to this (the smallest class is 16 bytes); larger
 // alignments need a class whose size is a multiple of them, or a large block.

@@ -80,10 +80,45 @@ bool inject_fault(unsigned kind) {
   return true;
 }
 
+// The kernel's page: what mmap aligns mappings to, and what mincore and /proc count in.
+size_t kernel_page_size() {
+  static std::atomic<size_t> cached{0};  // threads may race to fill it, with the same value
+  size_t size = cached.load(std::memory_order_relaxed);
+  if (TRAY_UNLIKELY(size == 0)) {
+    size = size_t(sysconf(_SC_PAGESIZE));
+    cached.store(size, std::memory_order_relaxed);
+  }
+  return size;
+}
+
+#if defined(TRAY_TEST_PAGE_SIZE)
+// The test build that plays a kernel of larger pages (CMake's TRAY_TEST_PAGE_SIZE, see
+// page_size): a mapping starts on one of its pages, as that kernel's would. The padding goes
+// with plain munmap calls, which the counts that tests read leave out.
+static_assert(is_pow2(TRAY_TEST_PAGE_SIZE) && TRAY_TEST_PAGE_SIZE >= 4096);
+void* mmap_on_test_pages(size_t bytes, int prot, int flags) {
+  const size_t kernel = kernel_page_size();
+  const size_t used = align_up(bytes, kernel);
+  const size_t padded = used + TRAY_TEST_PAGE_SIZE - kernel;
+  void* p = mmap(nullptr, padded, prot, flags, -1, 0);
+  if (p == MAP_FAILED) return p;
+  auto* raw = static_cast<char*>(p);
+  auto* aligned = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(raw), TRAY_TEST_PAGE_SIZE));
+  const size_t head = size_t(aligned - raw);
+  if (head != 0) munmap(raw, head);
+  if (padded - head != used) munmap(aligned + used, padded - head - used);
+  return aligned;
+}
+#endif
+
 void* map_with(size_t bytes, int prot, int flags = MAP_NORESERVE) {
   count_call(g_calls.mmap);
   if (inject_fault(kFaultMmap)) return nullptr;
+#if defined(TRAY_TEST_PAGE_SIZE)
+  void* p = mmap_on_test_pages(bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags);
+#else
   void* p = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
+#endif
   return p == MAP_FAILED ? nullptr : p;
 }
 
@@ -349,14 +384,15 @@ uint64_t fault_calls_counted() { return g_faults.counted.load(std::memory_order_
 
 uint64_t faults_injected() { return g_faults.injected.load(std::memory_order_relaxed); }
 
+// A build for tests only (CMake's TRAY_TEST_PAGE_SIZE, a multiple of the kernel's page) runs
+// as if the kernel's pages were that large: this machine boots no kernel of 16 or 64 KiB
+// pages, which arm64 machines run.
 size_t page_size() {
-  static std::atomic<size_t> cached{0};  // threads may race to fill it, with the same value
-  size_t size = cached.load(std::memory_order_relaxed);
-  if (TRAY_UNLIKELY(size == 0)) {
-    size = size_t(sysconf(_SC_PAGESIZE));
-    cached.store(size, std::memory_order_relaxed);
-  }
-  return size;
+#if defined(TRAY_TEST_PAGE_SIZE)
+  return TRAY_TEST_PAGE_SIZE;
+#else
+  return kernel_page_size();
+#endif
 }
 
 uint64_t now_ms() {
@@ -460,7 +496,20 @@ int open_truncate(const char* path) {
 }
 
 bool resident_pages(const void* p, size_t bytes, unsigned char* out) {
+#if defined(TRAY_TEST_PAGE_SIZE)
+  // mincore answers per kernel page: a test page is resident where any of its kernel pages is.
+  const size_t kernel = kernel_page_size();
+  unsigned char answers[TRAY_TEST_PAGE_SIZE / 4096];
+  for (size_t i = 0; i * TRAY_TEST_PAGE_SIZE < bytes; ++i) {
+    const auto* page = static_cast<const char*>(p) + i * TRAY_TEST_PAGE_SIZE;
+    if (mincore(const_cast<char*>(page), TRAY_TEST_PAGE_SIZE, answers) != 0) return false;
+    out[i] = 0;
+    for (size_t k = 0; k < TRAY_TEST_PAGE_SIZE / kernel; ++k) out[i] |= answers[k] & 1;
+  }
+  return true;
+#else
   return mincore(const_cast<void*>(p), bytes, out) == 0;
+#endif
 }
 
 size_t resident_bytes() {
@@ -472,7 +521,7 @@ size_t resident_bytes() {
   while (i < length && text[i] != ' ') ++i;
   size_t pages = 0;
   for (++i; i < length && text[i] >= '0' && text[i] <= '9'; ++i) pages = pages * 10 + size_t(text[i] - '0');
-  return pages * page_size();
+  return pages * kernel_page_size();
 }
 
 }  // namespace tray::os

@@ -75,6 +75,9 @@ void inject_faults(unsigned kinds, uint64_t first, uint64_t count);
 uint64_t fault_calls_counted();  // calls of the armed kinds since inject_faults
 uint64_t faults_injected();      // of which failed
 
+// The OS page: the kernel's (4 KiB on x86-64; 4, 16 or 64 KiB on arm64), read once at the
+// first call; in a build for tests with TRAY_TEST_PAGE_SIZE, that size, and then mappings and
+// resident_pages go by it too.
 size_t page_size();
 uint64_t now_ms();  // monotonic, coarse: cheap enough for slow paths
 // Whether the process has an address-space limit (RLIMIT_AS, ulimit -v). Read from the kernel

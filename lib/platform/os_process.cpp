@@ -336,6 +336,8 @@ void Mutex::lock_contended() {
   for (int spin = 0; spin < kMutexSpins; ++spin) {
 #if defined(__x86_64__)
     __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
 #endif
     if (state_.load(std::memory_order_relaxed) == 0 && try_lock()) return;
   }

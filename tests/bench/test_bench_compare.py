@@ -234,5 +234,43 @@ class WrongPreload(unittest.TestCase):
         self.assertIn("expected malloc traymalloc but jemalloc is in use", markdown)
 
 
+@unittest.skipUnless(JEMALLOC.is_file(), "needs Debian's libjemalloc2")
+class GivenAllocator(unittest.TestCase):
+    """--allocator NAME=PATH.so: a column of its own, checked by the library's path."""
+
+    def test_a_given_library_runs_in_its_own_column(self):
+        out_dir = WORK_DIR / "given"
+        result = run_runner(out_dir, "--allocators", "traymalloc", "--allocator",
+                            f"jemalloc_local={JEMALLOC}", "--workloads", "particles",
+                            "--reps", "1", "--scale", "0.01")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        results = json.loads((out_dir / "results.json").read_text())
+        self.assertEqual(results["allocators"]["jemalloc_local"], str(JEMALLOC))
+        runs = [r for r in results["runs"] if r["allocator"] == "jemalloc_local"]
+        self.assertEqual(len(runs), 1)
+        self.assertIsNone(runs[0]["error"])
+        self.assertEqual(runs[0]["fields"]["malloc"], "jemalloc")
+        self.assertIn("jemalloc_local", (out_dir / "results.md").read_text())
+
+    def test_a_given_library_that_did_not_define_malloc_fails_the_run(self):
+        # The path names traymalloc's library, but jemalloc's is preloaded in its place: the
+        # workload's check by path must see it.
+        program = BUILD_DIR / "bench" / "workloads" / "particles"
+        env = dict(os.environ, LD_PRELOAD=str(JEMALLOC))
+        result = subprocess.run([str(program), "--scale", "0.01", "--expect-malloc",
+                                 str(TRAYMALLOC_LIB)], capture_output=True, text=True,
+                                env=env, timeout=60)
+        self.assertEqual(result.returncode, 3, result.stdout)
+        self.assertIn(f"expected malloc {TRAYMALLOC_LIB}", result.stderr)
+
+    def test_bad_arguments_are_refused(self):
+        for argument in ("jemalloc", "=x.so", "glibc=/lib/x.so", "a b=/x.so",
+                         "missing=/nonexistent/lib.so"):
+            result = run_runner(WORK_DIR / "given_bad", "--allocator", argument,
+                                "--workloads", "particles", "--reps", "1")
+            self.assertNotEqual(result.returncode, 0, argument)
+            self.assertIn("--allocator", result.stderr, argument)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -11,6 +11,8 @@
 
 #include "core/core.hpp"
 #include "debug/config.hpp"
+#include "platform/os.hpp"
+#include "span/config.hpp"
 #include "support.hpp"
 
 namespace {
@@ -305,6 +307,7 @@ TEST_F(DebugDeath, AFreedLargeBlockCannotBeTouched) {
 // Freed large blocks under a chunk stay inaccessible in their span chunk until newer ones push
 // them out of the retired ring; then their pages serve new blocks, readable and writable.
 TEST_F(Debug, RetiredSpanBlocksServeAgainOnceEvicted) {
+  if (tray::os::page_size() != tray::kOsPageBytes) GTEST_SKIP() << "spans need 4 KiB pages";
   constexpr size_t kSize = 200 * 1024;
   for (size_t i = 0; i < 2 * tray::kDebugRetiredLargeCount; ++i) {
     auto* p = static_cast<char*>(tray_malloc(kSize));

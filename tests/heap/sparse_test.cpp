@@ -14,6 +14,7 @@
 #include "heap/config.hpp"
 #include "size_classes/config.hpp"
 #include "heap/hardening.hpp"
+#include "platform/os.hpp"
 #include "size_classes/size_classes.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
@@ -71,7 +72,7 @@ void hand_out_again_then_free_all(const std::vector<Held>& kept, size_t size, si
 
 // Blocks of a whole OS page each: one live block in 16 leaves 15 free OS pages in 16.
 TEST(Sparse, TrimGivesBackTheFreeOsPagesOfSparsePages) {
-  constexpr size_t kSize = 4096;
+  const size_t kSize = tray::os::page_size();
   const tray_stats before = tray_test::stats_now();
   const std::vector<Held> kept = sparse_class(kSize, kTotalBytes / kSize, 16);
   const tray_stats sparse = tray_test::stats_now();
@@ -110,7 +111,8 @@ TEST(Sparse, EveryBlockSizeGivesBackOnlyFreeOsPagesThroughTwoRounds) {
     SCOPED_TRACE("block size " + std::to_string(size));
     const size_t count = 4 * kMiB / size;
     // About one block kept in 2.7 OS pages, at an odd stride: free OS pages between them.
-    std::vector<Held> kept = sparse_class(size, count, std::max<size_t>(3, 11000 / size | 1));
+    const size_t stride = 11000 * (tray::os::page_size() / 4096) / size | 1;
+    std::vector<Held> kept = sparse_class(size, count, std::max<size_t>(3, stride));
     const tray_stats full = tray_test::stats_now();
     EXPECT_EQ(tray_trim(), 1);
     const tray_stats first = tray_test::stats_now();
@@ -132,7 +134,7 @@ TEST(Sparse, EveryBlockSizeGivesBackOnlyFreeOsPagesThroughTwoRounds) {
 // Without trim: the heap looks at its sparse pages on its own slow paths (here, large blocks),
 // and takes a page once nothing allocated from it for a whole pass interval.
 TEST(Sparse, SlowPathsGiveBackSparsePagesWithoutTrim) {
-  constexpr size_t kSize = 8192;
+  const size_t kSize = 2 * tray::os::page_size();
   const std::vector<Held> kept = sparse_class(kSize, kTotalBytes / kSize, 16);
   const tray_stats sparse = tray_test::stats_now();
   for (int pass = 0; pass < 2; ++pass) {
@@ -218,13 +220,14 @@ class SparseDoubleFreeDeath : public testing::Test {
  protected:
   void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
 
-  // Blocks of one OS page each (16 to a page), one in `keep_every` kept, the rest freed and
-  // given back by a trim; then a freed one is freed again.
+  // Blocks of one OS page each (of 4 KiB, 16 to a page; fewer where OS pages are larger), one
+  // in `keep_every` kept, the rest freed and given back by a trim; then a freed one is freed
+  // again.
   static void free_a_given_back_block_again(size_t keep_every) {
     std::vector<void*> all(kCount);
     for (void*& p : all) {
-      p = tray_malloc(kSize);
-      std::memset(p, 0x11, kSize);
+      p = tray_malloc(block_bytes());
+      std::memset(p, 0x11, block_bytes());
     }
     for (size_t i = 0; i < kCount; ++i)
       if (i % keep_every != 0) tray_free(all[i]);
@@ -232,13 +235,11 @@ class SparseDoubleFreeDeath : public testing::Test {
     tray_free(all[1]);
   }
 
-  static constexpr size_t kSize = 4096;
+  static size_t block_bytes() { return tray::os::page_size(); }
   static constexpr size_t kCount = 2048;
+  const std::string given_back_message_ = "traymalloc: double free of 0x[0-9a-f]+ \\(size class " +
+      std::to_string(block_bytes()) + " B\\), or a write after free: its OS page had been given back";
 };
-
-constexpr char kGivenBackMessage[] =
-    "traymalloc: double free of 0x[0-9a-f]+ \\(size class 4096 B\\), or a write after free: its "
-    "OS page had been given back";
 
 TEST_F(SparseDoubleFreeDeath, CaughtOnTheFreeListAtTheNextPass) {
   EXPECT_DEATH(
@@ -246,7 +247,7 @@ TEST_F(SparseDoubleFreeDeath, CaughtOnTheFreeListAtTheNextPass) {
         free_a_given_back_block_again(8);
         tray_trim();
       },
-      kGivenBackMessage);
+      given_back_message_);
 }
 
 // One live block per page: the second free counts the page empty, with that block still live;
@@ -257,7 +258,7 @@ TEST_F(SparseDoubleFreeDeath, CaughtBeforeAPageItMadeLookEmptyGoesBack) {
         free_a_given_back_block_again(16);
         tray_trim();
       },
-      kGivenBackMessage);
+      given_back_message_);
 }
 
 TEST_F(SparseDoubleFreeDeath, CaughtBeforeItsPageHandsItOutASecondTime) {
@@ -266,9 +267,9 @@ TEST_F(SparseDoubleFreeDeath, CaughtBeforeItsPageHandsItOutASecondTime) {
         free_a_given_back_block_again(8);
         // The block is handed out from its page's free list, then its page runs out and brings
         // back the blocks of its given-back OS pages, that one among them.
-        for (size_t i = 0; i < kCount; ++i) std::memset(tray_malloc(kSize), 0x5a, kSize);
+        for (size_t i = 0; i < kCount; ++i) std::memset(tray_malloc(block_bytes()), 0x5a, block_bytes());
       },
-      kGivenBackMessage);
+      given_back_message_);
 }
 #endif
 

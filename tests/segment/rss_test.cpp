@@ -16,8 +16,10 @@
 #include "core/core.hpp"
 #include "heap/config.hpp"
 #include "large/config.hpp"
+#include "platform/os.hpp"
 #include "segment/config.hpp"
 #include "size_classes/size_classes.hpp"
+#include "span/config.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
 
@@ -254,7 +256,7 @@ TEST(Rss, PagesHeldForABusyProgramGoWhenLargeBlocksTakeTheirPlace) {
 // back as much as they took, for the next phase of small blocks to fault in again. In a child
 // without the purger, so that nothing but the allocations themselves could purge.
 TEST(Rss, SpansCutFromResidentPagesPurgeNothingThePoolHolds) {
-  if (::sysconf(_SC_PAGESIZE) != 4096) GTEST_SKIP() << "spans need 4 KiB pages";
+  if (tray::os::page_size() != tray::kOsPageBytes) GTEST_SKIP() << "spans need 4 KiB pages";
   ASSERT_NO_FATAL_FAILURE(warm_up_every_class());
   const pid_t child = fork();
   ASSERT_GE(child, 0);

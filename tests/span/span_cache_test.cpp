@@ -51,7 +51,7 @@ size_t blocks_kept_by_threads() {
 class SpanCache : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::sysconf(_SC_PAGESIZE) != 4096) GTEST_SKIP() << "spans need 4 KiB pages";
+    if (tray::os::page_size() != tray::kOsPageBytes) GTEST_SKIP() << "spans need 4 KiB pages";
     tray_trim();
     meet_other_threads();
   }

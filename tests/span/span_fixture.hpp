@@ -9,6 +9,8 @@
 #include <cstdint>
 
 #include "core/core.hpp"
+#include "platform/os.hpp"
+#include "span/config.hpp"
 #include "span/span_cache.hpp"
 #include "support.hpp"
 #include "traymalloc.h"
@@ -36,7 +38,7 @@ class Span : public ::testing::Test {
  protected:
   void SetUp() override {
     // Spans are cut from the OS page; where it is not 4 KiB every large block is a mapping.
-    if (::sysconf(_SC_PAGESIZE) != 4096) GTEST_SKIP() << "spans need 4 KiB pages";
+    if (tray::os::page_size() != tray::kOsPageBytes) GTEST_SKIP() << "spans need 4 KiB pages";
     tray_free(tray_malloc(1));  // the thread's heap, and with it its cache
     own_cache_ = tray::tls_span_cache;
     tray::span_cache_attach(nullptr);
