@@ -19,4 +19,5 @@ set(TRAY_BENCH_WORKLOADS
   large_slots
   large_threads
   exchange
+  hash_lookup
 )

@@ -193,6 +193,7 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
     const size_t reserve_bytes = align_up(used_bytes, kSegmentBytes);
     header = static_cast<LargeHeader*>(os::map_aligned(reserve_bytes, map_alignment));
     if (header == nullptr) return nullptr;
+    thp_advise_large(header, reserve_bytes);
     header->magic = kLargeMagic;
     header->reserve_bytes = reserve_bytes;
     header->dirty_bytes = 0;

@@ -29,6 +29,10 @@ struct OptionSpec {
   int64_t max = 0;
 };
 
+// thp's default: huge pages cost resident memory and bought no speed in the measurements of
+// docs/GUIDE.md; never also keeps a kernel in THP "always" mode off our regions.
+constexpr int64_t kThpDefault = kThpNever;
+
 constexpr OptionSpec kSpecs[] = {
     {"stats", Kind::kFlag, 0, {}, false},
     {"stats_file", Kind::kPath, 0, {}, false},
@@ -51,6 +55,7 @@ constexpr OptionSpec kSpecs[] = {
     {"only_exe", Kind::kPath, 0, {}, true},
     {"memory_limit", Kind::kBytes, kMemoryLimitAuto, {}, false},
     {"memory_limit_action", Kind::kChoice, kLimitSoft, {"soft", "fail"}, false},
+    {"thp", Kind::kChoice, kThpDefault, {"never", "madvise", "system"}, false},
 };
 static_assert(sizeof kSpecs / sizeof kSpecs[0] == unsigned(Option::kCount));
 

@@ -34,6 +34,7 @@ enum class Option : unsigned {
   kOnlyExe,      // reports (stats*, prof*) only in a process whose executable has this name
   kMemoryLimit,  // bytes the allocator may hold from the OS; 0: none; kMemoryLimitAuto: the cgroup's
   kMemoryLimitAction,  // kLimitSoft or kLimitFail: what reaching memory_limit does
+  kThp,          // kThpNever, kThpMadvise or kThpSystem: transparent huge pages (segment/segment.hpp)
   kCount,
 };
 
@@ -45,6 +46,11 @@ inline constexpr int64_t kStatsJson = 1;
 inline constexpr int64_t kMemoryLimitAuto = -1;
 inline constexpr int64_t kLimitSoft = 0;
 inline constexpr int64_t kLimitFail = 1;
+// thp: MADV_NOHUGEPAGE on every region, MADV_HUGEPAGE on the regions of small-block pages, or
+// no advice (the kernel's /sys/kernel/mm/transparent_hugepage/enabled decides).
+inline constexpr int64_t kThpNever = 0;
+inline constexpr int64_t kThpMadvise = 1;
+inline constexpr int64_t kThpSystem = 2;
 
 // The value of an option (reading TRAY_OPTIONS on first use).
 int64_t option(Option which);

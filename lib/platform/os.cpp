@@ -179,6 +179,16 @@ bool purge(void* p, size_t bytes) {
   return purged;
 }
 
+// The system call itself, as the ASan build's raw_madvise: advice is no purge, so no fault
+// injection either.
+bool advise_huge_pages(void* p, size_t bytes, bool huge) {
+  const int saved = errno;
+  count_call(g_calls.madvise);
+  const bool done = syscall(SYS_madvise, p, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE) == 0;
+  errno = saved;
+  return done;
+}
+
 // With the system calls themselves: no C library interceptor between (see above).
 ssize_t read_small_file(const char* path, char* text, size_t capacity) {
   const int saved = errno;
@@ -212,6 +222,39 @@ const char* find_end_of(const char* text, const char* word) {
   }
   return nullptr;
 }
+
+}  // namespace
+
+int64_t anon_huge_page_bytes() {
+  char text[2048];  // smaps_rollup is some 700 bytes
+  const ssize_t length = read_small_file("/proc/self/smaps_rollup", text, sizeof text - 1);
+  if (length <= 0) return -1;
+  text[length] = '\0';
+  const char* value = find_end_of(text, "\nAnonHugePages:");
+  if (value == nullptr) return -1;
+  while (*value == ' ') ++value;
+  int64_t kib = 0;
+  for (; *value >= '0' && *value <= '9'; ++value) kib = kib * 10 + (*value - '0');
+  return kib << 10;
+}
+
+const char* thp_kernel_mode() {
+  char text[128];
+  const ssize_t length =
+      read_small_file("/sys/kernel/mm/transparent_hugepage/enabled", text, sizeof text - 1);
+  if (length <= 0) return "unknown";
+  text[length] = '\0';
+  for (const char* mode : {"always", "madvise", "never"}) {
+    char bracketed[16];
+    TextBuffer word(bracketed, sizeof bracketed - 1);
+    word.chr('[').str(mode).chr(']');
+    bracketed[word.length()] = '\0';
+    if (find_end_of(text, bracketed) != nullptr) return mode;
+  }
+  return "unknown";
+}
+
+namespace {
 
 // process_madvise(2) on the calling process takes a list of ranges: the sparse pass gives back
 // thousands of one- and two-page ranges (22k in the fragmentation workload), and one call per

@@ -38,6 +38,17 @@ void unmap(void* p, size_t bytes);
 // Gives the pages back to the OS; the range stays mapped and reads as zero afterwards.
 // false if the kernel refused: the pages then keep what they held.
 bool purge(void* p, size_t bytes);
+// Transparent huge pages for a mapped range (2 MiB aligned to matter): MADV_HUGEPAGE when
+// `huge`, MADV_NOHUGEPAGE otherwise. The advice sticks to the range's mapping until it is
+// unmapped; purges keep it. false if the kernel refused (no THP support, an old kernel).
+bool advise_huge_pages(void* p, size_t bytes, bool huge);
+// AnonHugePages of /proc/self/smaps_rollup: the process's anonymous memory that huge pages
+// back, in bytes; -1 if unreadable. Reads the file with open/read/close into the stack (the
+// kernel walks every mapping: for dumps and tests, not for the allocator's paths).
+int64_t anon_huge_page_bytes();
+// The kernel's THP mode, the bracketed word of /sys/kernel/mm/transparent_hugepage/enabled:
+// "always", "madvise", "never", or "unknown" if unreadable.
+const char* thp_kernel_mode();
 // A range for purge_ranges, and what became of it.
 struct PurgeRange {
   void* start;

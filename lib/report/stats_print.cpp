@@ -1,6 +1,7 @@
 #include "report/stats_print.hpp"
 
 #include "core/core.hpp"
+#include "options/options.hpp"
 #include "platform/platform.hpp"
 #include "stats/stats.hpp"
 
@@ -62,6 +63,15 @@ void text_limit_line(TextBuffer& out, const tray_stats& s) {
   if (s.memory_limit_bytes != 0) out.str(", from ").str(limit_source(s)).chr(')');
   out.str("; reached ").dec(s.memory_limit_reached).str(", failed ").dec(s.memory_limit_failures);
   out.str(", gave back ").human(s.memory_limit_released_bytes).chr('\n');
+}
+
+// The thp option's word, and the kernel's mode beside it (dumps only: both read a file).
+const char* thp_mode_name() {
+  switch (option(Option::kThp)) {
+    case kThpNever: return "never";
+    case kThpMadvise: return "madvise";
+    default: return "system";
+  }
 }
 
 // --- text ----------------------------------------------------------------------------------
@@ -184,6 +194,12 @@ void stats_print_text(const tray_stats& s, int pid, const char* reason, StatsSin
   out.human(s.released_bytes).str(", metadata ").human(s.metadata_bytes).str(", segments ");
   out.dec(s.segments).str(", unit map ").human(s.unit_map_bytes).str(" of address space\n");
   text_limit_line(out, s);
+  const int64_t huge_bytes = os::anon_huge_page_bytes();
+  out.str("  huge pages: thp=").str(thp_mode_name()).str(" (kernel: ").str(os::thp_kernel_mode());
+  out.str("), AnonHugePages ");
+  if (huge_bytes < 0) out.str("unknown");
+  else out.human(uint64_t(huge_bytes));
+  out.str(" (whole process)\n");
   out.str("  threads: alive ").dec(s.threads_alive).str(", exited ").dec(s.threads_exited);
   out.str(", heaps ").dec(s.heaps_created).str("; remote frees ").dec(s.remote_frees);
   out.str(", foreign frees ").dec(s.foreign_frees).str(", debug errors ").dec(s.debug_errors).chr('\n');
@@ -245,6 +261,12 @@ void stats_print_json(const tray_stats& s, int pid, const char* reason, StatsSin
   limit.text("action", s.memory_limit_fail != 0 ? "fail" : "soft").field("reached", s.memory_limit_reached);
   limit.field("failures", s.memory_limit_failures).field("released_bytes", s.memory_limit_released_bytes);
   limit.close();
+  root.key("huge_pages");
+  JsonObject huge(out);
+  const int64_t huge_bytes = os::anon_huge_page_bytes();
+  huge.text("thp", thp_mode_name()).text("kernel", os::thp_kernel_mode());
+  huge.field("anon_huge_page_bytes", uint64_t(huge_bytes < 0 ? 0 : huge_bytes));
+  huge.close();
   root.key("os_calls");
   JsonObject calls(out);
   calls.field("mmap", s.os_mmap).field("munmap", s.os_munmap).field("madvise", s.os_madvise);

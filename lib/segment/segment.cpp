@@ -5,6 +5,7 @@
 
 #include "core/core.hpp"
 #include "events/events.hpp"
+#include "options/options.hpp"
 #include "platform/platform.hpp"
 #include "segment/address_maps.hpp"
 #include "stats/stats.hpp"
@@ -98,7 +99,7 @@ Segment* segment_from_source() {
 }
 
 Segment* segment_map_new() {
-  void* memory = os::map_aligned(kSegmentBytes, kSegmentBytes);
+  void* memory = segment_map_region();
   if (memory == nullptr) return nullptr;
   Segment* s = segment_start(memory, 0);
   if (s == nullptr) {
@@ -112,6 +113,22 @@ Segment* segment_map_new() {
   if (g_totals.segments_mapped.load(std::memory_order_relaxed) > 1) purger_expect();
   return s;
 }
+
+}  // namespace
+
+void* segment_map_region() {
+  void* memory = os::map_aligned(kSegmentBytes, kSegmentBytes);
+  const int64_t thp = option(Option::kThp);
+  if (memory != nullptr && thp != kThpSystem)
+    os::advise_huge_pages(memory, kSegmentBytes, thp == kThpMadvise);
+  return memory;
+}
+
+void thp_advise_large(void* p, size_t bytes) {
+  if (option(Option::kThp) == kThpNever) os::advise_huge_pages(p, bytes, false);
+}
+
+namespace {
 
 // A segment from segment_map_new joins the pool.
 void pool_add_new(Segment* s) {
@@ -149,11 +166,28 @@ struct PoolWork {
   Segment* unmap = nullptr;   // retired beyond the cache, linked through `next`
 };
 
-void claim_dirty(Segment* s, PoolWork& work) {
-  const uint64_t units = s->dirty_units;
+// The dirty units of s in huge pages whose usable units are all free: under thp=madvise, what
+// a purge that is only due to the delay takes (huge_pages_only). A purge of part of a huge page
+// makes the kernel split it (the rest stays resident as 4 KiB pages, and khugepaged may fill
+// the hole again to rebuild it), so the units of a huge page that still holds a page wait
+// until the rest of it is free too, or until the dirty limit, trim or memory_limit purge them.
+uint64_t purgeable_units(const Segment* s, bool huge_pages_only) {
+  if (!huge_pages_only) return s->dirty_units;
+  uint64_t units = 0;
+  for (unsigned first = 0; first < kUnitsPerSegment; first += kUnitsPerHugePage) {
+    const uint64_t huge_page = run_mask(first, kUnitsPerHugePage) & kUsableUnits;
+    if ((s->free_units & huge_page) == huge_page) units |= s->dirty_units & huge_page;
+  }
+  return units;
+}
+
+bool huge_pages_whole() { return option(Option::kThp) == kThpMadvise; }
+
+void claim_dirty(Segment* s, uint64_t units, PoolWork& work) {
+  TRAY_ASSERT(units != 0 && (units & ~s->dirty_units) == 0);
   TRAY_ASSERT((units & ~s->free_units) == 0);
   s->free_units &= ~units;
-  s->dirty_units = 0;
+  s->dirty_units &= ~units;
   if (s->free_units == 0) list_remove(g_partial, s);
   g_dirty_bytes -= size_t(popcount64(units)) * kUnitBytes;
   work.claims[work.count++] = {s, units};
@@ -247,16 +281,19 @@ void select_purges(uint64_t now, bool force, bool again, PoolWork& work) {
   if (!force && !again && !over_limit && now - g_last_purge_ms < kPurgeDelayMs) return;
   g_last_purge_ms = now;
   const size_t keep_when_over = std::max(limit / 2, held);
+  const bool whole = huge_pages_whole();
   for (Segment* s = g_partial; s != nullptr;) {
     Segment* next = s->next;
     const bool expired = now - s->dirty_since_ms >= kPurgeDelayMs && g_dirty_bytes > held;
     const bool still_over = g_dirty_bytes > keep_when_over;
-    if (s->dirty_units != 0 && (force || expired || (over_limit && still_over))) {
+    const bool pressed = force || (over_limit && still_over);
+    const uint64_t units = purgeable_units(s, whole && !pressed);
+    if (units != 0 && (pressed || expired)) {
       if (work.count == kPoolPurgeClaimsPerRound) {
         work.more = true;
         return;
       }
-      claim_dirty(s, work);
+      claim_dirty(s, units, work);
     } else {
       retire_if_empty(s, work);
     }
@@ -432,8 +469,10 @@ uint64_t segment_purge_expired(uint64_t now_ms) {
   finish_pool_work(work, now_ms, false);
   os::LockGuard guard(g_pool_lock);
   uint64_t due = kNeverMs;
+  // Units that wait for the rest of their huge page (purgeable_units) are due with it.
+  const bool whole = huge_pages_whole();
   for (Segment* s = g_partial; s != nullptr; s = s->next)
-    if (s->dirty_units != 0) due = std::min(due, s->dirty_since_ms + kPurgeDelayMs);
+    if (purgeable_units(s, whole) != 0) due = std::min(due, s->dirty_since_ms + kPurgeDelayMs);
   if (due == kNeverMs) return due;
   due = std::max(due, g_last_purge_ms + kPurgeDelayMs);
   // What is held waits for the program to go quiet or for its peak to age out.

@@ -126,6 +126,20 @@ TRAY_INLINE uint32_t*& page_debug_states(const Page* page) {
   return segment->debug_states[page - segment->pages];
 }
 
+// Transparent huge pages (the thp option, docs/DESIGN.md): the kernel backs a 2 MiB-aligned
+// 2 MiB of a region that asks for it with one huge page. Segments and span chunks are mapped
+// 4 MiB-aligned (os::map_aligned), so each holds two whole huge pages; unit 0, the header,
+// lies in the first.
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+inline constexpr unsigned kUnitsPerHugePage = unsigned(kHugePageBytes / kUnitBytes);  // 32
+static_assert(kSegmentBytes % kHugePageBytes == 0 && kUnitsPerSegment % kUnitsPerHugePage == 0);
+// A new 4 MiB-aligned region for a segment or a span chunk (the two trade empty regions, see
+// segment_give_empty), with the thp option's advice: MADV_HUGEPAGE under thp=madvise,
+// MADV_NOHUGEPAGE under thp=never, none under thp=system. nullptr if the OS refuses.
+void* segment_map_region();
+// A large block's own mapping: MADV_NOHUGEPAGE under thp=never, no advice otherwise.
+void thp_advise_large(void* p, size_t bytes);
+
 // A run of `units` free units as a page descriptor with unit_count and blocks set (the rest
 // is the page layer's to fill); nullptr when the OS refuses memory.
 Page* segment_take_page(unsigned units);

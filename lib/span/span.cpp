@@ -367,7 +367,7 @@ SpanChunk* new_chunk(SpanArena& a) {
   uint64_t resident_units = 0;
   if (void* segment = segment_give_empty(&resident_units); segment != nullptr)
     return start_chunk(a, segment, resident_units);
-  void* memory = os::map_aligned(kSegmentBytes, kSegmentBytes);
+  void* memory = segment_map_region();
   if (memory == nullptr) return nullptr;
   count_add(g_totals.bytes_mapped, kSegmentBytes);
   return start_chunk(a, memory, 0);

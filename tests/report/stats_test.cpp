@@ -213,7 +213,9 @@ TEST(Stats, JsonDumpIsOneWellFormedLine) {
   EXPECT_EQ(json.find('\n'), json.size() - 1) << "one dump, one line";
   JsonChecker checker(json);
   EXPECT_TRUE(checker.document()) << json;
-  EXPECT_EQ(checker.objects, 1 + 48 + 4);  // the dump, its classes, large/process/memory_limit/os_calls
+  // the dump, its classes, large/process/memory_limit/huge_pages/os_calls
+  EXPECT_EQ(checker.objects, 1 + 48 + 5);
+  EXPECT_NE(json.find("\"huge_pages\":{\"thp\":\""), std::string::npos);
   EXPECT_EQ(json.rfind("{\"traymalloc_stats\":1,", 0), 0u);
   EXPECT_NE(json.find("\"block_bytes\":131072,"), std::string::npos);
 }

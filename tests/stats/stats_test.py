@@ -155,7 +155,7 @@ def parse_text_dump(text):
             row["reserved_bytes"] = amount_range(*cells[10:12])
             row["utilization"] = float(cells[12]) / 100
             rows[int(amount(*cells[0:2]))] = row
-        elif match := re.match(r"  (small|large|memory|threads|os calls): (.*)$", line):
+        elif match := re.match(r"  (small|large|memory|huge pages|threads|os calls): (.*)$", line):
             summary[match[1]] = match[2]
         else:
             raise AssertionError(f"unexpected line in the text dump: {line!r}")
@@ -262,6 +262,9 @@ class HoldTest(DumpChecks):
                          f" heaps {process['heaps_created']}; remote frees "
                          f"{process['remote_frees']}, foreign frees {process['foreign_frees']},"
                          f" debug errors {process['debug_errors']}")
+        huge = dump["huge_pages"]
+        self.assertRegex(summary["huge pages"], rf"^thp={huge['thp']} \(kernel: {huge['kernel']}\), "
+                                                rf"AnonHugePages [0-9.]+ (B|[KMG]iB) \(whole process\)$")
         self.assertEqual(summary["os calls"],
                          ", ".join(f"{name} {count}" for name, count in dump["os_calls"].items()))
         # glibc's totals close the dump, for scripts written against glibc's malloc_stats.
