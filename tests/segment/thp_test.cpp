@@ -71,22 +71,28 @@ Regions regions_holding(const std::set<uintptr_t>& segments) {
   return found;
 }
 
-// In a fresh process: thp=mode, then kHeapBytes of 48-byte blocks, every byte written. Exits 0
-// when the mappings of their segments carry the mode's advice and, where want_huge says so,
-// huge pages back them (1: some; 0: none; -1: either); 1 otherwise, with what it saw.
-[[noreturn]] void run_mode(const char* mode, int want_huge) {
-  if (tray_option_set("thp", mode) != 0) _exit(2);
-  const size_t pointer_bytes = kBlocks * sizeof(void*);
-  auto** blocks = static_cast<void**>(
-      mmap(nullptr, pointer_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+// `count` written blocks of kBlockBytes, their list in memory of the test's own (mmap), and the
+// segments that hold them; exits the child on failure.
+void** allocate_written(size_t count, std::set<uintptr_t>& segments) {
+  auto** blocks = static_cast<void**>(mmap(nullptr, count * sizeof(void*), PROT_READ | PROT_WRITE,
+                                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (blocks == MAP_FAILED) _exit(3);
-  std::set<uintptr_t> segments;
-  for (size_t i = 0; i < kBlocks; ++i) {
+  for (size_t i = 0; i < count; ++i) {
     blocks[i] = tray_malloc(kBlockBytes);
     if (blocks[i] == nullptr) _exit(4);
     std::memset(blocks[i], int(i), kBlockBytes);
     segments.insert(reinterpret_cast<uintptr_t>(blocks[i]) & ~uintptr_t(tray::kSegmentBytes - 1));
   }
+  return blocks;
+}
+
+// In a fresh process: thp=mode, then kHeapBytes of 48-byte blocks, every byte written. Exits 0
+// when the mappings of their segments carry the mode's advice and, where want_huge says so,
+// huge pages back them (1: some; 0: none; -1: either); 1 otherwise, with what it saw.
+[[noreturn]] void run_mode(const char* mode, int want_huge) {
+  if (tray_option_set("thp", mode) != 0) _exit(2);
+  std::set<uintptr_t> segments;
+  void** blocks = allocate_written(kBlocks, segments);
   const Regions seen = regions_holding(segments);
   const bool madvise = std::strcmp(mode, "madvise") == 0;
   const bool never = std::strcmp(mode, "never") == 0;
@@ -110,17 +116,8 @@ Regions regions_holding(const std::set<uintptr_t>& segments) {
 [[noreturn]] void run_purge(const char* mode) {
   if (tray_option_set("thp", mode) != 0 || tray_option_set("purge_thread", "0") != 0) _exit(2);
   const size_t count = kBlocks / 4 * 3;  // 48 MiB: what goes back stays below the 64 MiB limit
-  const size_t pointer_bytes = count * sizeof(void*);
-  auto** blocks = static_cast<void**>(
-      mmap(nullptr, pointer_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  if (blocks == MAP_FAILED) _exit(3);
   std::set<uintptr_t> segments;
-  for (size_t i = 0; i < count; ++i) {
-    blocks[i] = tray_malloc(kBlockBytes);
-    if (blocks[i] == nullptr) _exit(4);
-    std::memset(blocks[i], int(i), kBlockBytes);
-    segments.insert(reinterpret_cast<uintptr_t>(blocks[i]) & ~uintptr_t(tray::kSegmentBytes - 1));
-  }
+  void** blocks = allocate_written(count, segments);
   const Regions full = regions_holding(segments);
   for (size_t i = 0; i < count; ++i) {
     const uintptr_t offset = reinterpret_cast<uintptr_t>(blocks[i]) % tray::kHugePageBytes;
