@@ -70,6 +70,39 @@ TRAY_EXPORT int tray_prof_dump_peak(const char* path);
 /* Largest alignment the aligned functions accept (bytes). */
 #define TRAY_MAX_ALIGNMENT ((size_t)1 << 29)
 
+/* --- heaps ----------------------------------------------------------------------------------
+ * A heap the program creates: every block allocated into it can be freed one by one as usual
+ * (free, realloc, malloc_usable_size, operator delete, from any thread), or all at once by
+ * tray_heap_reset (the heap stays) or tray_heap_destroy (the heap is gone), at a cost that
+ * grows with the heap's pages, not its blocks. Several threads may allocate into one heap at
+ * once; while it is reset or destroyed, no thread may be inside an allocation into it, nor
+ * inside malloc or free with it as its default (debug mode reports one that is). A block used
+ * after its heap was reset or destroyed is freed memory (debug mode: filled with
+ * TRAY_FREED_PATTERN, or inaccessible), and freeing it is a double free.
+ * See docs/GUIDE.md, "Heaps". */
+typedef struct tray_heap tray_heap_t;
+/* NULL with ENOMEM when out of memory. */
+TRAY_EXPORT tray_heap_t* tray_heap_new(void);
+/* Frees every block of the heap; the heap is gone. NULL does nothing. A thread whose default it
+ * was allocates from its own heap again. */
+TRAY_EXPORT void tray_heap_destroy(tray_heap_t* heap);
+/* Frees every block of the heap; the heap stays, empty, and keeps a little of its memory for
+ * what comes next (as much as a thread keeps). NULL does nothing. */
+TRAY_EXPORT void tray_heap_reset(tray_heap_t* heap);
+/* The C functions of the same name, into heap. tray_heap_realloc returns a block of heap: p
+ * (a block of any heap, or NULL) stays where it is only if it is heap's already. */
+TRAY_EXPORT TRAY_MALLOC_ATTR void* tray_heap_malloc(tray_heap_t* heap, size_t size);
+TRAY_EXPORT TRAY_MALLOC_ATTR void* tray_heap_calloc(tray_heap_t* heap, size_t count, size_t size);
+TRAY_EXPORT void* tray_heap_realloc(tray_heap_t* heap, void* p, size_t size);
+TRAY_EXPORT TRAY_MALLOC_ATTR void* tray_heap_aligned_alloc(tray_heap_t* heap, size_t alignment,
+                                                           size_t size);
+/* From now on the calling thread's malloc, calloc, realloc, aligned allocations and operator
+ * new allocate into heap (NULL: the thread's own heap again); returns the previous default
+ * (NULL: the thread's own). Other threads are not affected. */
+TRAY_EXPORT tray_heap_t* tray_heap_set_default(tray_heap_t* heap);
+/* The heap p's block belongs to, or NULL (a block of a thread's own heap, or not ours). */
+TRAY_EXPORT tray_heap_t* tray_heap_of(const void* p);
+
 /* --- options ------------------------------------------------------------------------------
  * Sets a run-time option, as TRAY_OPTIONS="name=value" would (see docs/GUIDE.md, "Run-time options").
  * The memory limit is set so at run time: tray_option_set("memory_limit", "512m") and

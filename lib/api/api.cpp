@@ -86,12 +86,21 @@ void* zeroed_untracked(size_t total) {
   return p;
 }
 
+// The block that a moving realloc puts in p's place: a block of a program heap moves within
+// it, whichever heap the thread allocates into now.
+void* alloc_replacing(const void* p, size_t size) {
+  ProgramHeap* home = program_heap_of_block(p);
+  if (TRAY_LIKELY(home == nullptr)) return alloc(size);
+  TargetScope into(home);
+  return into.ready() ? alloc(size) : out_of_memory();
+}
+
 // realloc in TRAY_VALGRIND and TRAY_ASAN builds: always a new block, since the tools could not
 // be told how far a block resized in place had been written.
 void* reallocate_by_copy(void* p, size_t size) {
   const size_t old_usable = usable_size(p);
   if (old_usable == 0) return out_of_memory();  // not a live block: leave it alone
-  void* fresh = alloc(size);
+  void* fresh = alloc_replacing(p, size);
   if (fresh == nullptr) return nullptr;
   {
     [[maybe_unused]] TrackScope scope;
@@ -161,7 +170,11 @@ TRAY_NOINLINE void* alloc_large_slow(size_t size, size_t alignment, bool zero) {
   // keeps for itself (span_cache.hpp), and for the sampler.
   if (TRAY_UNLIKELY(tls_own_heap == nullptr)) heap_attach_thread(HeapUse::kFastPaths);
   if (Heap* heap = tls_own_heap; heap != nullptr) {
-    if (void* sampled = sample_large(heap, size, alignment, zero); sampled != nullptr) return sampled;
+    if (void* sampled = sample_large(heap, size, alignment, zero); sampled != nullptr) {
+      if (TRAY_LIKELY(program_adopt_large(sampled))) return sampled;
+      free_unusual(sampled);
+      return out_of_memory();
+    }
   }
   heap_exchange_remote();
   void* p = large_alloc(size, alignment, zero);
@@ -169,6 +182,10 @@ TRAY_NOINLINE void* alloc_large_slow(size_t size, size_t alignment, bool zero) {
   // the purger's queue of mappings to unmap hold may be just what it lacks.
   if (p == nullptr && trim_all()) p = large_alloc(size, alignment, zero);
   if (p == nullptr) return out_of_memory();
+  if (TRAY_UNLIKELY(!program_adopt_large(p))) {
+    free_unusual(p);
+    return out_of_memory();
+  }
   // Its free will leave memory to give back, and frees may not start the purger.
   purger_expect();
   purger_poll();
@@ -245,7 +262,7 @@ void* reallocate(void* p, size_t size) noexcept {
       }
     }
   }
-  void* fresh = alloc(size);
+  void* fresh = alloc_replacing(p, size);
   if (fresh == nullptr) return nullptr;
   std::memcpy(fresh, p, size < old_usable ? size : old_usable);
   dealloc(p);

@@ -37,6 +37,8 @@ void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept;
 void* alloc_zeroed(size_t count, size_t size) noexcept;
 void* reallocate(void* p, size_t size) noexcept;
 size_t usable_size(const void* p) noexcept;
+// The program heap p's live block belongs to (api/heaps.cpp); nullptr for any other pointer.
+ProgramHeap* program_heap_of_block(const void* p) noexcept;
 size_t usable_size_untracked(const void* p) noexcept;  // without telling memcheck or ASan
 bool trim_all() noexcept;
 

@@ -7,10 +7,12 @@
 // (see fork_prepare), and both of its release handlers let them go in the reverse order:
 //   1. the heap profile's lock       (sample/prof.cpp: it refills its heap under the lock)
 //   2. the guarded slots' lock       (sample/guard.cpp)
-//   3. the parked heaps' collection, then the heaps' list (heap/heap.cpp)
-//   4. the large cache: its deferred unmaps, then the cache itself (large/large_cache.cpp)
-//   5. the span arenas, in index order (span/span.cpp)
-//   6. the segment pool              (segment/segment.cpp)
+//   3. the program heaps: their list, each heap's lock, the spare parts (heap/program.cpp)
+//   4. the parked heaps' collection, then the heaps' list (heap/heap.cpp)
+//   5. the large cache: its deferred unmaps, then the cache itself (large/large_cache.cpp);
+//      a program heap's large blocks (large/large_owner.cpp) are a leaf beside them
+//   6. the span arenas, in index order (span/span.cpp)
+//   7. the segment pool              (segment/segment.cpp)
 // The set-up lock below is a leaf: nothing is taken under it.
 
 #include "api/api.hpp"
@@ -54,6 +56,7 @@ void fork_prepare() {
   os::lock_stdio_for_fork();
   prof_lock_for_fork();
   guard_lock_for_fork();
+  program_lock_for_fork();
   heap_lock_for_fork();
   large_lock_for_fork();
   span_lock_for_fork();
@@ -67,6 +70,7 @@ void fork_release() {
   span_unlock_after_fork();
   large_unlock_after_fork();
   heap_unlock_after_fork();
+  program_unlock_after_fork();
   guard_unlock_after_fork();
   prof_unlock_after_fork();
 }

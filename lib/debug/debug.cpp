@@ -19,14 +19,6 @@
 
 namespace tray {
 
-// Blocks a heap's thread freed, oldest first, in a ring.
-struct Quarantine {
-  size_t oldest = 0;
-  size_t count = 0;
-  size_t bytes = 0;
-  Block* blocks[kDebugQuarantineBlocks];
-};
-
 namespace {
 
 constexpr uint32_t kFreedPattern = TRAY_FREED_PATTERN;
@@ -401,7 +393,8 @@ int debug_class(size_t padded, size_t alignment) {
 }
 
 void* alloc_small(unsigned size_class, size_t size, bool zero) {
-  Heap* heap = own_heap();
+  // Into the program heap the thread allocates into, if any (heap/program.hpp).
+  Heap* heap = tls_part != nullptr ? tls_part : own_heap();
   if (heap == nullptr) return nullptr;
   auto* block = static_cast<uint8_t*>(heap_alloc_from(heap, size_class, size));
   if (block == nullptr) return nullptr;
@@ -445,6 +438,11 @@ void* alloc_large(size_t size, size_t capacity, size_t alignment, bool zero) {
   }
   LargeHeader* header = large_mapping_of(p, chunk_kind(p));
   header->requested = size;
+  if (!program_adopt_large(p)) {
+    large_free(header);
+    errno = ENOMEM;
+    return nullptr;
+  }
   if (!zero) fill_words(p, 0, size, kAllocPattern);
   std::memset(p + size, kCanaryByte, large_usable_size(header) - size);
   return p;
@@ -486,7 +484,25 @@ void resize_in_place(void* p, const LiveBlock& live, size_t size) {
 }  // namespace
 
 void* debug_alloc(size_t size, size_t alignment, bool zero) noexcept {
-  return alloc_with_room(size, size, alignment, zero);
+  if (tls_part == nullptr) return alloc_with_room(size, size, alignment, zero);
+  program_check_alive(tls_part);
+  // Seen by a reset or destroy of the heap meanwhile, which the program promised not to do.
+  ProgramHeap* heap = tls_part->program.load(std::memory_order_relaxed);
+  heap->allocating.fetch_add(1, std::memory_order_acq_rel);
+  void* p = alloc_with_room(size, size, alignment, zero);
+  heap->allocating.fetch_sub(1, std::memory_order_acq_rel);
+  return p;
+}
+
+bool debug_retire_block(Page* page, Block* block) noexcept {
+  uint32_t* state = &page_debug_states(page)[block_index(page, block)];
+  uint32_t seen = state_load(page, block_index(page, block));
+  // Not live, or freed meanwhile by a thread the program let run (that free has it).
+  if (seen == kStateNever || seen == kStateFreed ||
+      !__atomic_compare_exchange_n(state, &seen, kStateFreed, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return false;
+  fill_words(reinterpret_cast<uint8_t*>(block), 0, page->block_bytes, kFreedPattern);
+  return true;
 }
 
 void debug_free(void* p) noexcept {
@@ -545,6 +561,8 @@ void* debug_realloc(void* p, size_t size) noexcept {
   const size_t room = size > kDebugReallocMoveBytes && size < kMaxRequestBytes
                           ? size / 100 * kDebugReallocRoomPercent : 0;
   const int saved_errno = errno;
+  // A block of a program heap moves within it.
+  TargetScope into(live.page != nullptr ? program_heap_of_page(live.page) : program_heap_of_large(live.header));
   void* fresh = alloc_with_room(size, size + room, 0, false);
   if (fresh == nullptr && room != 0) {  // no room to spare: the size alone, errno as it was
     errno = saved_errno;

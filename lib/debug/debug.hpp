@@ -11,11 +11,26 @@
 
 #include <cstddef>
 
+#include "debug/config.hpp"
+#include "segment/segment.hpp"
+
 namespace tray {
+
+// Blocks a heap's thread freed, oldest first, in a ring (Heap::quarantine).
+struct Quarantine {
+  size_t oldest = 0;
+  size_t count = 0;
+  size_t bytes = 0;
+  Block* blocks[kDebugQuarantineBlocks];
+};
 
 void* debug_alloc(size_t size, size_t alignment, bool zero) noexcept;
 void debug_free(void* p) noexcept;
 void* debug_realloc(void* p, size_t size) noexcept;
+// A program heap's reset or destroy (heap/program.hpp, RetireBlock): a live block is marked
+// freed and filled with the freed pattern, so that a use after the reset reads it and a free
+// is a double free; false for a block that was not live.
+bool debug_retire_block(Page* page, Block* block) noexcept;
 // The size that was asked for (writing past it is an overflow); 0 if p is not a live block.
 size_t debug_usable_size(const void* p) noexcept;
 // Makes backtraces ready for the reports: at load time, and when debug mode is set from code.

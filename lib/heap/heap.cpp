@@ -6,6 +6,8 @@
 
 #include "events/events.hpp"
 #include "heap/page.hpp"
+#include "heap/program.hpp"
+#include "heap/queue.hpp"
 #include "heap/remote.hpp"
 #include "heap/sample_countdown.hpp"
 #include "heap/sparse.hpp"
@@ -18,15 +20,9 @@
 
 namespace tray {
 
-constinit std::atomic<Heap*> g_locked_heap{nullptr};
-
 namespace {
 
 void (*g_locked_heap_free)(Block*) = nullptr;
-
-// Shared by every empty queue; never written: it has no free block, so a fast-path
-// allocation that reaches it falls through to the slow path.
-constinit Page g_empty_page;
 
 }  // namespace
 
@@ -49,74 +45,6 @@ std::atomic<uint64_t> g_last_collect_ms{0};
 // heaps it works on off the stack, so a trim waits for one under way; the purger and threads'
 // slow paths leave the work to it.
 os::Mutex g_collect_lock;
-
-// --- page queues -------------------------------------------------------------------------
-// The page a class allocates from carries one extra count in `used` for as long as it is the
-// queue's head, so freeing its last block never reaches zero and never leaves the fast path:
-// a thread that allocates and frees one block in a loop does not hand its page back and forth.
-void queue_changed(Heap* heap, unsigned c) {
-  Page* head = heap->queues[c].head != nullptr ? heap->queues[c].head : &g_empty_page;
-  Page* old = heap->direct[c];
-  if (old == head) return;
-  if (old != &g_empty_page) --old->used;
-  if (head != &g_empty_page) {
-    ++head->used;
-    head->warm = true;
-    if (head->retained) {  // back in use
-      head->retained = false;
-      heap->retained_bytes -= size_t(head->unit_count) * kUnitBytes;
-    }
-  }
-  heap->direct[c] = head;
-}
-
-// Blocks of the page that are live or in the heap's remote list.
-uint32_t live_blocks(const Heap* heap, const Page* page) {
-  TRAY_ASSERT(!page->floating);  // queued pages only
-  return page->used - (heap->direct[page->size_class] == page ? 1 : 0);
-}
-
-void queue_remove(Heap* heap, Page* page) {
-  const unsigned c = page->size_class;
-  PageQueue& q = heap->queues[c];
-  if (page->prev != nullptr) page->prev->next = page->next;
-  else q.head = page->next;
-  if (page->next != nullptr) page->next->prev = page->prev;
-  else q.tail = page->prev;
-  page->next = page->prev = nullptr;
-  queue_changed(heap, c);
-}
-
-void queue_push_front(Heap* heap, Page* page) {
-  const unsigned c = page->size_class;
-  PageQueue& q = heap->queues[c];
-  page->prev = nullptr;
-  page->next = q.head;
-  if (q.head != nullptr) q.head->prev = page;
-  else q.tail = page;
-  q.head = page;
-  queue_changed(heap, c);
-}
-
-void queue_push_back(Heap* heap, Page* page) {
-  const unsigned c = page->size_class;
-  PageQueue& q = heap->queues[c];
-  page->next = nullptr;
-  page->prev = q.tail;
-  if (q.tail != nullptr) q.tail->next = page;
-  else q.head = page;
-  q.tail = page;
-  queue_changed(heap, c);
-}
-
-void release_page(Heap* heap, Page* page) {
-  queue_remove(heap, page);
-  if (page->retained) {
-    page->retained = false;
-    heap->retained_bytes -= size_t(page->unit_count) * kUnitBytes;
-  }
-  page_release(page);
-}
 
 // Returns every page of the heap that holds no live block (after taking in remote frees).
 // A checked heap keeps them: a page that changed class could turn a stale pointer into a valid
@@ -232,9 +160,7 @@ Page* find_page(Heap* heap, unsigned c) {
       }
       return page;
     }
-    queue_remove(heap, page);
-    page->used = 1;
-    __atomic_store_n(&page->floating, true, __ATOMIC_RELEASE);
+    page_float(heap, page);
     page = next;
   }
   // Before taking a page: blocks held back for their owners may be what another heap needs
@@ -246,6 +172,7 @@ Page* find_page(Heap* heap, unsigned c) {
   sparse_pass(heap, false);
   // The class grows: a moment when its live count is at a high.
   heap_sample_peak(c);
+  if (TRAY_UNLIKELY(heap->kind == OwnerKind::kPart)) program_check_alive(heap);
   Page* page = page_acquire(heap, c);
   if (page != nullptr) queue_push_front(heap, page);
   return page;
@@ -269,7 +196,8 @@ void trim_parked_empty(Heap* heap) {
 }
 
 // --- thread life cycle -------------------------------------------------------------------
-Heap* heap_new_locked() {
+// A heap's kind is fixed before it joins the list, which dumps walk.
+Heap* heap_new_locked(OwnerKind kind = OwnerKind::kThread) {
   const size_t bytes = align_up(sizeof(Heap), kCacheLineBytes);
   if (size_t(g_meta_end - g_meta_cursor) < bytes) {
     auto* chunk = static_cast<char*>(os::map(kMetaChunkBytes));
@@ -279,6 +207,7 @@ Heap* heap_new_locked() {
     g_meta_end = chunk + kMetaChunkBytes;
   }
   Heap* heap = new (g_meta_cursor) Heap(&g_empty_page);
+  heap->kind = kind;
   g_meta_cursor += bytes;
   span_cache_register(&heap->span_cache);
   count_add(g_totals.heaps_created, 1);
@@ -288,6 +217,14 @@ Heap* heap_new_locked() {
 }
 
 }  // namespace
+
+Heap* heap_create_part(bool checked) {
+  os::LockGuard guard(g_heaps_lock);
+  Heap* heap = heap_new_locked(OwnerKind::kPart);
+  if (heap == nullptr) return nullptr;
+  heap->checked = checked;
+  return heap;
+}
 
 namespace {
 
@@ -340,11 +277,7 @@ void* heap_refill_pop(Heap* heap, unsigned size_class) noexcept {
 }
 
 void heap_page_event(Heap* heap, Page* page) noexcept {
-  if (page->floating) {
-    page->floating = false;
-    page->used = page->reserved - 1;
-    queue_push_back(heap, page);
-  }
+  if (page->floating) page_unfloat(heap, page);
   if (page->used == 0) {  // never the head: its extra count keeps it above zero
     const size_t bytes = size_t(page->unit_count) * kUnitBytes;
     if (heap->retained_bytes + bytes <= kHeapRetainedBytes || heap->checked) {
@@ -372,10 +305,12 @@ TRAY_NOINLINE void free_remote_unusual(Page* page, Block* block) {
   // heap here: without buckets to gather in, each block went home alone, a compare-and-swap on
   // the owner's stack per free and a one-block run for the owner to take in.
   if (TRAY_UNLIKELY(tls_heap == &g_empty_heap) && tls_own_heap == nullptr) heap_attach_thread(HeapUse::kFastPaths);
-  heap_count_free(tls_heap, page);
-  if (TRAY_UNLIKELY(page->heap == g_locked_heap.load(std::memory_order_relaxed)))
-    return g_locked_heap_free(block);
-  Heap* self = tls_heap;
+  // A thread whose default is a program heap frees as itself: its part counts only the
+  // program heap's blocks, and gathers nothing for other owners.
+  Heap* self = tls_heap->kind == OwnerKind::kPart ? tls_own_heap : tls_heap;
+  if (page->owner_kind == OwnerKind::kPart) return program_free_block(self, page, block, false);
+  heap_count_free(self, page);
+  if (TRAY_UNLIKELY(page->owner_kind == OwnerKind::kLocked)) return g_locked_heap_free(block);
   heap_free_block(self, page, block);
   if (has_remote_frees(self)) remote_drain(self);
 }
@@ -388,8 +323,15 @@ void heap_free_remote(Page* page, Block* block) noexcept {
   free_key_check_and_set(page, block);
   Heap* self = tls_heap;
   Heap* owner = page->heap;
+  // A block of a program heap freed by the thread that allocated it, with another heap as its
+  // default: what the fast path does, one test later.
+  if (page->owner_kind == OwnerKind::kPart && owner->bound.load(std::memory_order_relaxed) == tls_own_heap &&
+      tls_own_heap != nullptr) {
+    count_free(owner, page);
+    return page_free_local(owner, page, block);
+  }
   if (TRAY_UNLIKELY(self == &g_empty_heap || owner == self ||
-                    owner == g_locked_heap.load(std::memory_order_relaxed)))
+                    page->owner_kind != OwnerKind::kThread || self->kind != OwnerKind::kThread))
     return free_remote_unusual(page, block);
   count_free(self, page);
   counter_add(self->counters.remote_frees, 1);
@@ -404,13 +346,16 @@ void heap_count_free(Heap* self, const Page* page) noexcept {
     return;
   }
   count_free(self, page);
-  if (page->heap != self) counter_add(self->counters.remote_frees, 1);
+  // A block of a part bound to this thread is its own, even while another heap is its default.
+  if (page->heap != self && page->heap->bound.load(std::memory_order_relaxed) != self)
+    counter_add(self->counters.remote_frees, 1);
 }
 
 void heap_free_block(Heap* self, Page* page, Block* block) noexcept {
   Heap* owner = page->heap;
   if (owner == self) return page_free_local(self, page, block);
   free_key_set(page, block);
+  if (page->owner_kind == OwnerKind::kPart) return program_free_block(self, page, block, true);
   remote_send(self, page, block);
 }
 
@@ -446,17 +391,17 @@ Heap* heap_attach_thread(HeapUse use) {
 
 Heap* heap_create_locked(void (*free_block)(Block*)) {
   os::LockGuard guard(g_heaps_lock);
-  TRAY_CHECK(g_locked_heap.load(std::memory_order_relaxed) == nullptr);
-  Heap* heap = heap_new_locked();
+  TRAY_CHECK(g_locked_heap_free == nullptr);  // one per process
+  Heap* heap = heap_new_locked(OwnerKind::kLocked);
   if (heap == nullptr) return nullptr;
   g_locked_heap_free = free_block;
-  g_locked_heap.store(heap, std::memory_order_release);
   return heap;
 }
 
 // The heap keeps its retained empty pages: the next thread to start adopts them with the heap,
 // instead of taking them back from the pool (collect_parked gives them back if none comes).
 void heap_detach_thread(Heap* heap) {
+  program_detach_thread(heap);
   remote_flush(heap);
   remote_drain(heap);
   trim_parked_empty(heap);
@@ -506,6 +451,11 @@ bool heap_trim() {
     remote_flush(own);
     released |= release_empty_pages(own);
     released |= sparse_pass(own, true);
+    for (Heap* part = own->bound_parts; part != nullptr; part = part->next_bound) {
+      if (part->program.load(std::memory_order_relaxed) == nullptr) continue;
+      released |= release_empty_pages(part);
+      released |= sparse_pass(part, true);
+    }
   }
   collect_parked(true, &released);
   return released;

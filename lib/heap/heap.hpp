@@ -11,6 +11,7 @@
 #include "heap/config.hpp"
 #include "heap/hardening.hpp"
 #include "heap/page.hpp"
+#include "heap/program.hpp"
 #include "heap/remote.hpp"
 #include "heap/sample_countdown.hpp"
 #include "heap/sparse.hpp"
@@ -51,12 +52,14 @@ void heap_count_free(Heap* self, const Page* page) noexcept;
 // &g_empty_heap): locally if self owns the page, else to the owner heap.
 void heap_free_block(Heap* self, Page* page, Block* block) noexcept;
 
+// A heap for a part of a program heap (program.hpp), checked in debug mode; nullptr when out
+// of memory.
+Heap* heap_create_part(bool checked);
 // A heap of no thread (in the list of heaps, so the statistics count it), allocated from under
 // a lock of its user's (heap_refill_pop); nullptr when out of memory. A free of one of its
 // blocks, by any thread, goes to `free_block`, which takes that lock. One per process: the
 // heap profile's (sample/prof.cpp).
 Heap* heap_create_locked(void (*free_block)(Block*));
-extern constinit std::atomic<Heap*> g_locked_heap;
 // For a thread that is busy with large blocks and may not need a page for a long time: sends
 // the blocks it freed into other heaps, and takes in those freed into its own, so that pages
 // emptied by other threads go back to the pool.

@@ -23,12 +23,15 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page->scrubbed_used = 0;
   page->given_back = 0;
   page->capacity = 0;
+  page->carved_before = 0;
   page->reserved = class_blocks_per_page(size_class);
   page->block_bytes = uint32_t(class_size(size_class));
   page->size_class = uint8_t(size_class);
   page->next = page->prev = nullptr;
   page->heap = heap;
   page->heap_bucket = remote_bucket_of(heap);
+  page->owner_kind = heap->kind;
+  if (heap->kind == OwnerKind::kPart) counter_add(heap->page_units, page->unit_count);
   page_arm_checks(page);
   page_extend(page);
   ClassTotals& totals = g_totals.classes[size_class];
@@ -49,7 +52,9 @@ void page_release(Page* page) {
     states = nullptr;
   }
   sparse_forget(page);
+  if (page->owner_kind == OwnerKind::kPart) counter_add(page->heap->page_units, -uint64_t(page->unit_count));
   page->heap = nullptr;
+  page->owner_kind = OwnerKind::kThread;
   page->free = list_end();
   page->limit = 0;
   page->capacity = 0;
@@ -70,6 +75,7 @@ void page_recarve(Page* page) {
   TRAY_ASSERT(page->used == 0 && !page->floating);
   sparse_forget(page);
   page->free = list_end();
+  page->carved_before = page->capacity;
   page->capacity = 0;
   page->came_home = false;
 }
@@ -99,6 +105,11 @@ void page_extend(Page* page) {
   const size_t block = page->block_bytes;
   uint32_t count = uint32_t(kPageExtendBytes / block);
   if (count < kPageExtendMinBlocks) count = kPageExtendMinBlocks;
+  // Carving little at a time keeps a barely used page barely resident; blocks carved before
+  // a recarve are resident already, and one extension for them all saves a slow path per
+  // kPageExtendBytes (a program heap's reset recarves every page it keeps).
+  if (page->capacity < page->carved_before && page->carved_before - page->capacity > count)
+    count = page->carved_before - page->capacity;
   if (count > page->reserved - page->capacity) count = page->reserved - page->capacity;
   // Link in address order, so a fresh page hands out ascending addresses (friendly to the
   // hardware prefetcher), onto the front of whatever the free list holds.

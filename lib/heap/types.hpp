@@ -10,6 +10,8 @@
 
 #include "core/core.hpp"
 #include "heap/config.hpp"
+#include "large/large.hpp"
+#include "platform/platform.hpp"
 #include "segment/segment.hpp"
 #include "size_classes/size_classes.hpp"
 #include "span/span.hpp"
@@ -19,6 +21,7 @@ namespace tray {
 
 struct Quarantine;
 class ReclaimTable;
+struct ProgramHeap;
 
 // The samplers that pick allocations out of the byte stream (see sample_countdown.hpp), as bits.
 enum Sampler : unsigned { kSamplerProf = 1u << 0, kSamplerGuard = 1u << 1 };
@@ -138,6 +141,49 @@ struct Heap {
   // mapped at its first look; too big for a thread's stack inside malloc.
   ReclaimTable* reclaim_table = nullptr;
   SpanCache span_cache;
+
+  // --- parts of program heaps (program.hpp); a thread's heap uses only bound_parts ---
+  OwnerKind kind = OwnerKind::kThread;  // fixed when the heap is made
+  // The program heap this part serves: set when a thread binds it from the spare parts (under
+  // the spare list's lock), cleared (release) by the heap's destroyer under the heap's lock.
+  // nullptr: spare, or its heap destroyed and its thread not yet told.
+  std::atomic<ProgramHeap*> program{nullptr};
+  // The thread heap of the thread this part serves (nullptr: none): written under the program
+  // heap's lock, or by that thread alone once `program` is cleared; read by frees, which
+  // compare it with their own.
+  std::atomic<Heap*> bound{nullptr};
+  Heap* next_part = nullptr;     // the program heap's parts (its lock); the spare parts
+  Heap* next_bound = nullptr;    // the parts its thread is bound to (that thread only)
+  Heap* bound_parts = nullptr;   // a thread's heap: the first of the parts it is bound to
+  // A part's full pages (floating), linked through Page::next/prev: a reset must find every
+  // page, and no queue holds these.
+  Page* full_pages = nullptr;
+  // A part's units in pages (its owner, or a reset); dumps add them up per program heap.
+  uint64_t page_units = 0;
+  // The part's counters when it joined its program heap or the heap was last reset: what
+  // was allocated into and freed from the heap since is the difference.
+  HeapCounters base;
+};
+
+// A heap the program creates (tray_heap_t, traymalloc.h). Each thread that allocates into it
+// does so through a part of its own, a Heap that no other thread allocates from, so the fast
+// paths are a thread heap's; frees from other threads go straight onto the part's remote
+// stack (no bucket gathers for a part), so that a reset finds every block freed before it
+// there. Its large blocks are in `large`. Never unmapped: destroyed ones are reused.
+struct ProgramHeap {
+  static constexpr uint32_t kLive = 0x48454150;  // "HEAP"
+  std::atomic<uint32_t> magic{0};     // kLive while the program may use it
+  os::Mutex lock;                     // parts, binding, reset and destroy
+  Heap* parts = nullptr;
+  LargeOwner large;
+  // Per class, its blocks freed on slow paths (by other threads, or by a part's thread while
+  // another heap is its default): its parts' own counters see only their fast-path frees.
+  std::atomic<uint64_t> freed[kSizeClassCount] = {};
+  // Debug mode: threads inside an allocation into it, for reset and destroy to report.
+  std::atomic<uint32_t> allocating{0};
+  uint64_t serial = 0;                // numbers heaps in dumps: the n-th tray_heap_new
+  ProgramHeap* next_created = nullptr;  // every program heap ever made, never unlinked
+  ProgramHeap* next_spare = nullptr;    // destroyed, waiting to be reused
 };
 
 }  // namespace tray

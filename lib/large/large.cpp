@@ -203,7 +203,8 @@ void* large_alloc(size_t size, size_t alignment, bool zero) {
   }
   header->used_bytes = used_bytes;
   header->prof_sampled = 0;  // a header cut from a cached mapping lies on old block bytes
-  header->alignment_shift = uint32_t(std::countr_zero(alignment));
+  header->alignment_shift = uint8_t(std::countr_zero(alignment));
+  header->owner = nullptr;
   header->user = base_of(header) + offset;
   header->requested = size;
   count_tail(header, true);
@@ -235,6 +236,7 @@ uint32_t offset_in_mapping(const LargeHeader* header, const void* p) {
 }
 
 void large_free(LargeHeader* header) {
+  if (header->owner != nullptr) large_disown(header);
   const size_t usable = large_usable_size(header);
   count_sub(g_totals.bytes_large, usable);
   count_add(g_totals.large_frees, 1);
@@ -246,6 +248,7 @@ void large_free(LargeHeader* header) {
 }
 
 void large_retire(LargeHeader* header, void* user) {
+  if (header->owner != nullptr) large_disown(header);
   count_sub(g_totals.bytes_large, size_t(base_of(header) + header->used_bytes - static_cast<char*>(user)));
   count_add(g_totals.large_frees, 1);
   header->freed_offset = offset_in_mapping(header, user);
@@ -303,6 +306,7 @@ void* large_resize(LargeHeader* header, size_t new_size) {
   count_add(g_totals.bytes_large, large_usable_size(header));
   count_sub(g_totals.bytes_large, old_usable);
   count_max(g_totals.bytes_large_peak, g_totals.bytes_large.load(std::memory_order_relaxed));
+  if (header->owner != nullptr) large_owner_resized(header, old_usable);
   return header->user;
 }
 

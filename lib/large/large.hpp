@@ -10,6 +10,8 @@
 #include "core/core.hpp"
 #include "large/config.hpp"
 #include "large/large_cache.hpp"
+#include "platform/platform.hpp"
+#include "segment/segment.hpp"
 
 namespace tray {
 
@@ -38,6 +40,29 @@ bool large_trim();
 // Unmaps the cached mappings whose delay has run out (for the idle purger): when the next one
 // will be due, or kNeverMs if the cache is empty.
 uint64_t large_purge_expired(uint64_t now_ms);
+
+// --- owners (large_owner.cpp) -------------------------------------------------------------
+// A set of live large blocks freed together: a program heap's (heap/program.hpp). A block
+// leaves it when it is freed on its own; it follows its block when realloc moves it.
+struct LargeOwner {
+  os::Mutex lock;
+  LargeHeader** headers = nullptr;  // [0, count): the blocks; a header's owner_slot is its index
+  uint32_t count = 0;
+  uint32_t capacity = 0;
+  size_t bytes = 0;                 // their usable bytes
+};
+// Adds the live block of `header` to owner; false (nothing done) when out of memory.
+bool large_own(LargeOwner* owner, LargeHeader* header);
+// Takes the block out of its owner (large_free and large_retire do it).
+void large_disown(LargeHeader* header);
+// realloc resized the block of `header` (where it lies, or moved to `header`), which was
+// old_usable bytes: its owner follows.
+void large_owner_resized(LargeHeader* header, size_t old_usable);
+// Takes every block out of owner and hands each to `release` (large_free, or debug mode's
+// retirement); the owner's table goes back to the OS.
+void large_release_owned(LargeOwner* owner, void (*release)(LargeHeader*));
+// Blocks and usable bytes the owner holds (for dumps: read without the lock).
+void large_owner_usage(const LargeOwner* owner, size_t* blocks, size_t* bytes);
 
 // Mappings in the cache and span chunks with resident free pages, and the bytes they hold
 // (lock-free, for dumps).

@@ -1,6 +1,7 @@
 #include "report/stats_print.hpp"
 
 #include "core/core.hpp"
+#include "heap/heap.hpp"
 #include "options/options.hpp"
 #include "platform/platform.hpp"
 #include "stats/stats.hpp"
@@ -148,6 +149,30 @@ class JsonObject {
   bool first_ = true;
 };
 
+// At most this many program heaps get a line or an entry each; the rest are counted.
+constexpr unsigned kListedProgramHeaps = 32;
+
+// A line per live program heap (tray_heap_new), while there are any.
+void text_program_heaps(Output& output) {
+  TextBuffer& out = output.text();
+  unsigned listed = 0, unlisted = 0;
+  for (const ProgramHeap* heap = program_heap_list(); heap != nullptr; heap = heap->next_created) {
+    ProgramHeapUsage usage;
+    if (!program_heap_usage(heap, &usage)) continue;
+    if (listed == kListedProgramHeaps) {
+      ++unlisted;
+      continue;
+    }
+    ++listed;
+    out.str("  heap #").dec(usage.serial).str(" (").ptr(heap).str("): ").dec(usage.live_blocks);
+    out.str(" live blocks (").human(usage.live_bytes).str(") in pages of ").human(usage.page_bytes);
+    out.str(", large ").dec(usage.large_blocks).str(" (").human(usage.large_bytes).str("), threads ");
+    out.dec(usage.parts).chr('\n');
+    output.piece_done();
+  }
+  if (unlisted != 0) out.str("  heaps: ").dec(unlisted).str(" more\n");
+}
+
 }  // namespace
 
 void stats_print_text(const tray_stats& s, int pid, const char* reason, StatsSink sink) {
@@ -203,6 +228,8 @@ void stats_print_text(const tray_stats& s, int pid, const char* reason, StatsSin
   out.str("  threads: alive ").dec(s.threads_alive).str(", exited ").dec(s.threads_exited);
   out.str(", heaps ").dec(s.heaps_created).str("; remote frees ").dec(s.remote_frees);
   out.str(", foreign frees ").dec(s.foreign_frees).str(", debug errors ").dec(s.debug_errors).chr('\n');
+  output.piece_done();
+  text_program_heaps(output);
   out.str("  os calls: mmap ").dec(s.os_mmap).str(", munmap ").dec(s.os_munmap).str(", madvise ");
   out.dec(s.os_madvise).str(", mremap ").dec(s.os_mremap).str(", mprotect ").dec(s.os_mprotect).chr('\n');
 }
@@ -255,6 +282,23 @@ void stats_print_json(const tray_stats& s, int pid, const char* reason, StatsSin
   process.field("foreign_frees", s.foreign_frees).field("debug_errors", s.debug_errors);
   process.close();
   output.piece_done();
+  // The program heaps (tray_heap_new) alive now; the first kListedProgramHeaps of them.
+  root.key("heaps").chr('[');
+  unsigned listed = 0;
+  for (const ProgramHeap* heap = program_heap_list(); heap != nullptr && listed < kListedProgramHeaps;
+       heap = heap->next_created) {
+    ProgramHeapUsage usage;
+    if (!program_heap_usage(heap, &usage)) continue;
+    if (listed++ != 0) out.chr(',');
+    JsonObject entry(out);
+    entry.field("serial", usage.serial).field("live_blocks", usage.live_blocks);
+    entry.field("live_bytes", usage.live_bytes).field("page_bytes", usage.page_bytes);
+    entry.field("large_blocks", usage.large_blocks).field("large_bytes", usage.large_bytes);
+    entry.field("threads", usage.parts);
+    entry.close();
+    output.piece_done();
+  }
+  out.chr(']');
   root.key("memory_limit");
   JsonObject limit(out);
   limit.field("bytes", s.memory_limit_bytes).path("source", s.memory_limit_bytes != 0 ? limit_source(s) : "");

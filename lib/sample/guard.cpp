@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/core.hpp"
+#include "heap/heap.hpp"
 #include "options/options.hpp"
 #include "platform/platform.hpp"
 #include "sample/config.hpp"
@@ -32,11 +33,18 @@ struct GuardSlot {
   uintptr_t mapped = 0;       // the block's pages, made accessible while it is live
   size_t mapped_bytes = 0;
   SlotState state = SlotState::kUnused;
+  // The program heap the block was allocated into (heap/program.hpp), which frees it with the
+  // rest; nullptr: none.
+  const ProgramHeap* owner = nullptr;
   Stack allocated;
   Stack freed;
 };
 
 enum class Fault { kOverflow, kUseAfterFree, kDoubleFree, kInvalidFree, kWild };
+
+
+
+void release_slot(GuardSlot* slot, const Stack& freed);
 
 os::Mutex g_lock;  // the slots and the queue; the fault handler reads without it
 std::atomic<bool> g_ready{false};
@@ -178,6 +186,7 @@ void* place(size_t size, size_t alignment, const Stack& allocated) {
   slot.mapped = mapped;
   slot.mapped_bytes = mapped_end - mapped;
   slot.state = SlotState::kLive;
+  slot.owner = tls_part != nullptr ? tls_part->program.load(std::memory_order_relaxed) : nullptr;
   slot.allocated = allocated;
   return reinterpret_cast<void*>(block);
 }
@@ -263,6 +272,24 @@ void guard_free(void* p) {
   if (slot == nullptr || slot->block != address || slot->state == SlotState::kUnused)
     report(Fault::kInvalidFree, slot, address, "freed");
   if (slot->state == SlotState::kFreed) report(Fault::kDoubleFree, slot, address, "freed again");
+  release_slot(slot, freed);
+}
+
+void guard_release_owned(const ProgramHeap* owner) {
+  if (!g_ready.load(std::memory_order_acquire)) return;
+  Stack freed;
+  capture(freed);
+  os::LockGuard lock(g_lock);
+  for (size_t i = 0; i < g_slot_count; ++i) {
+    GuardSlot& slot = g_slots[i];
+    if (slot.state == SlotState::kLive && slot.owner == owner) release_slot(&slot, freed);
+  }
+}
+
+namespace {
+
+// A live slot's block is freed (under g_lock): its padding checked, its pages inaccessible.
+void release_slot(GuardSlot* slot, const Stack& freed) {
   const uintptr_t end = slot->block + slot->size;
   if (uintptr_t bad = first_changed(slot->mapped, slot->block); bad != slot->block)
     report(Fault::kOverflow, slot, bad, "found at free");
@@ -275,8 +302,18 @@ void guard_free(void* p) {
   // 1.25 MiB at the default 64). One madvise per guarded free, once per guard_sample bytes.
   os::purge(reinterpret_cast<void*>(slot->mapped), slot->mapped_bytes);
   slot->state = SlotState::kFreed;
+  slot->owner = nullptr;
   g_queue[(g_queue_head + g_queue_size) % g_slot_count] = uint32_t(slot - g_slots);
   ++g_queue_size;
+}
+
+}  // namespace
+
+const ProgramHeap* guard_owner_of(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  os::LockGuard lock(g_lock);
+  const GuardSlot* slot = slot_holding(address);
+  return slot != nullptr && slot->block == address && slot->state == SlotState::kLive ? slot->owner : nullptr;
 }
 
 size_t guard_usable_size(const void* p) {

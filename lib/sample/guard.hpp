@@ -12,6 +12,8 @@
 
 namespace tray {
 
+struct ProgramHeap;
+
 // A guarded block of `size` bytes aligned to `alignment`, or nullptr when the request is not
 // eligible (too big, over-aligned, before the process is ready, every slot live): the caller
 // then allocates as usual. Always zeroed, so `zero` asks nothing more.
@@ -19,6 +21,10 @@ void* guard_alloc(size_t size, size_t alignment, bool zero);
 // Frees a pointer into the region: reports a double or invalid free, or an overflow into the
 // padding behind the block, and aborts.
 void guard_free(void* p);
+// Frees every live guarded block allocated into `owner` (tray_heap_reset and _destroy).
+void guard_release_owned(const ProgramHeap* owner);
+// The program heap the live guarded block at p was allocated into, or nullptr.
+const ProgramHeap* guard_owner_of(const void* p);
 // The bytes asked for (no more, so that malloc_usable_size leads nobody into the padding); 0 if
 // p is not a live guarded block.
 size_t guard_usable_size(const void* p);

@@ -26,6 +26,9 @@ struct LiveEntry {
   uint64_t size;   // bytes requested
   uint64_t weight; // estimated allocations it stands for (kProfWeightOne)
   uint32_t stack;
+  // The program heap a small block was allocated into (its large blocks are their owner's):
+  // it frees the block with the rest. nullptr: none.
+  const ProgramHeap* owner;
 };
 
 constexpr size_t kStackIndexSlots = kProfStackSlots * 2;  // at most half full
@@ -192,7 +195,10 @@ void copy_peak() {
 void remember(void* block, uint64_t size, uint32_t stack_number, uint64_t rate) {
   const uint64_t weight = weight_of(size, rate);
   const uint64_t estimate = estimate_of(size, weight);
-  live_insert(LiveEntry{block, size, weight, stack_number});
+  const ProgramHeap* owner = nullptr;
+  if (tls_part != nullptr && chunk_kind(block) == kChunkSegment)
+    owner = tls_part->program.load(std::memory_order_relaxed);
+  live_insert(LiveEntry{block, size, weight, stack_number, owner});
   ++g_live_used;
   ProfStack& stack = g_stacks[stack_number];
   add(stack.live_count, 1);
@@ -354,6 +360,33 @@ void prof_free(Block* block) {
   Block* head = g_freed.load(std::memory_order_relaxed);
   do link_store(page, block, head);
   while (!g_freed.compare_exchange_weak(head, block, std::memory_order_release, std::memory_order_relaxed));
+}
+
+void prof_release_owned(const ProgramHeap* owner) {
+  os::LockGuard guard(g_lock);
+  if (g_live == nullptr) return;
+  PurgerHold hold;
+  take_in_freed();
+  // An entry's removal shifts later ones back into its slot: look at the slot again.
+  for (size_t slot = 0; slot < g_live_slots;) {
+    void* block = g_live[slot].block;
+    if (block == nullptr || g_live[slot].owner != owner) {
+      ++slot;
+      continue;
+    }
+    forget(block);
+    link_store(unit_page_of(block), static_cast<Block*>(block), g_forgotten);
+    g_forgotten = static_cast<Block*>(block);
+  }
+  return_forgotten();
+}
+
+const ProgramHeap* prof_owner_of(const void* block) {
+  os::LockGuard guard(g_lock);
+  if (g_live == nullptr) return nullptr;
+  for (size_t slot = live_home(block); g_live[slot].block != nullptr; slot = live_next(slot))
+    if (g_live[slot].block == block) return g_live[slot].owner;
+  return nullptr;
 }
 
 void prof_take_in_freed(bool wait) {

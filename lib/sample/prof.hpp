@@ -5,7 +5,7 @@
 //
 // Found again at free at no cost to other frees: a sampled small block comes from a heap that
 // no thread owns, so its free always misses the free fast path (page->heap == tls_heap) and
-// reaches heap_free_remote, which compares page->heap with g_locked_heap; a sampled large block
+// reaches heap_free_remote, which finds OwnerKind::kLocked on the page; a sampled large block
 // carries LargeHeader::prof_sampled, which free_slow tests. Everything here runs on slow paths,
 // under one lock, but for the free of a small sampled block (a lock-free push); dumps read the
 // counts without it.
@@ -19,6 +19,8 @@
 #include "segment/segment.hpp"
 
 namespace tray {
+
+struct ProgramHeap;
 
 // sample_alloc's answer when the profile's sampler fired: a block placed and recorded here,
 // or nullptr (the caller then allocates as usual) when the stack cannot be taken yet (before
@@ -35,6 +37,10 @@ void prof_forget(const void* block);
 // Dumps: the freed blocks leave the table, if the lock can be had without waiting (a signal
 // handler's dump may have interrupted its holder) or `wait`.
 void prof_take_in_freed(bool wait);
+// Frees every small sampled block allocated into `owner` (tray_heap_reset and _destroy).
+void prof_release_owned(const ProgramHeap* owner);
+// The program heap a sampled small block was allocated into, or nullptr.
+const ProgramHeap* prof_owner_of(const void* block);
 // The free of a large block with prof_sampled set.
 void prof_forget_large(LargeHeader* header);
 // realloc resized a large block where it lies or moved its pages (large_resize; `header` is

@@ -14,4 +14,9 @@ void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero) {
   return nullptr;
 }
 
+void sample_release_owned(const ProgramHeap* owner) {
+  guard_release_owned(owner);
+  prof_release_owned(owner);
+}
+
 }  // namespace tray

@@ -15,5 +15,8 @@ namespace tray {
 // allocates as usual. A guarded slot goes first; the profile records the allocation only when
 // no slot takes it. The handler of g_events.sampled_alloc.
 void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero);
+// A program heap is reset or destroyed: its sampled blocks that are not its own (guarded
+// slots, small blocks of the profile's heap) are freed with the rest.
+void sample_release_owned(const ProgramHeap* owner);
 
 }  // namespace tray

@@ -24,6 +24,14 @@ struct Block {
 
 struct Heap;
 
+// What kind of heap owns a page, copied from it onto the page's shared line so that a free
+// from another thread tells the rare owners apart without reading the owner.
+enum class OwnerKind : uint8_t {
+  kThread,   // a thread's heap: frees from other threads gather in buckets (heap/remote.hpp)
+  kLocked,   // the heap profile's heap, which no thread owns (heap_create_locked)
+  kPart,     // one thread's part of a program heap (heap/program.hpp): no bucket gathers for it
+};
+
 // A page descriptor. It lives in its segment's header, not in the page, so the blocks are
 // all the page holds. Owner-thread fields are plain. `heap` is read by other threads too, but
 // only through a block they were handed after the page got its owner, and it changes only once
@@ -56,6 +64,9 @@ struct alignas(kCacheLineBytes) Page {
   // the inverse of link_key, which decodes the links its free blocks hold.
   uintptr_t limit = 0;
   uint64_t link_unkey = 1;
+  // owner: blocks carved before the page was last carved afresh (page_recarve). Their memory
+  // was written then, so the next extension carves them all at once.
+  uint32_t carved_before = 0;
   // --- the shared line: set when the page gets its owner, read by every thread that frees
   // one of its blocks ---
   alignas(kCacheLineBytes) Heap* heap = nullptr;  // owner; stable while any block of the page is live
@@ -65,6 +76,7 @@ struct alignas(kCacheLineBytes) Page {
   uint8_t size_class = 0;
   uint8_t unit_count = 0;       // units spanned (pool lock); 0 for no page
   uint8_t heap_bucket = 0;      // remote_bucket_of(heap), for senders: set with `heap`
+  OwnerKind owner_kind = OwnerKind::kThread;  // the kind of `heap`: set with it
   // Set with `heap` (heap/hardening.hpp), read by every free: the odd key that encodes the
   // links in free blocks, and the divisor that tells a block's start from a pointer into it
   // with the largest product a start gives (start_divisor - 1, kept apart so that the fast
@@ -108,18 +120,26 @@ inline constexpr size_t kLargeHeaderBytes = 64;      // keeps large blocks 64-by
 // In front of every large block, at the start of its mapping. The mapping spans whole chunks
 // (segment-aligned, segment-sized pieces of address space) so that no memory but ours shares a
 // chunk with it: what the chunk map says about a chunk is true of every byte in it.
+struct LargeOwner;
+
 struct LargeHeader {
   uint32_t magic;
-  uint32_t prof_sampled;  // 1: the heap profile holds the block (see prof.hpp)
+  uint8_t prof_sampled;     // 1: the heap profile holds the block (see prof.hpp)
+  uint8_t alignment_shift;  // log2 of the alignment the block was asked with (kept across realloc)
   void* user;           // the block handed out; nullptr while the mapping sits in the cache
   size_t used_bytes;    // from the header to the end of the usable block (whole OS pages)
   size_t reserve_bytes; // length of the mapping: used_bytes rounded up to whole chunks
   size_t dirty_bytes;   // from the header to the end of what was ever touched and not purged
-  uint32_t alignment_shift;  // log2 of the alignment the block was asked with (kept across realloc)
+  uint32_t owner_slot;  // the block's index in owner->headers (under the owner's lock)
   // The last freed block's offset from the mapping's start, so that a second free of it is
   // named as one (0: none, or beyond 4 GiB).
   uint32_t freed_offset;
-  uint64_t cached_ms;   // when it entered the cache
+  // A live block can belong to an owner (a program heap's large blocks, large/large_owner.cpp);
+  // a cached mapping has none, and keeps the time it entered the cache in the same word.
+  union {
+    LargeOwner* owner;  // live: nullptr, or the owner that frees it with the rest
+    uint64_t cached_ms; // cached: when it entered the cache
+  };
   size_t requested;     // debug mode: bytes asked for (the rest up to the end is a canary)
 };
 static_assert(sizeof(LargeHeader) <= kLargeHeaderBytes);

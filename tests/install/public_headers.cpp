@@ -7,12 +7,14 @@
 // installed header is included.
 #include <traymalloc.h>
 #include <tray/frame_arena.hpp>
+#include <tray/heap.hpp>
 #include <tray/object_pool.hpp>
 #include <tray/pool_allocator.hpp>
 #include <tray/pool_common.hpp>
 
 #include <cstddef>
 #include <list>
+#include <vector>
 #include <span>
 
 namespace {
@@ -49,6 +51,15 @@ void pool_allocator_serves_a_list() {
   std::list<int, tray::PoolAllocator<int>> queue;
   for (int i = 0; i < 100; ++i) queue.push_back(i);
   consume(&queue.back(), sizeof(int));
+}
+
+void heap_holds_a_vector() {
+  tray::Heap heap;
+  tray::HeapScope scope(heap);
+  std::vector<Particle, tray::HeapAllocator<Particle>> particles{tray::HeapAllocator<Particle>(heap)};
+  particles.push_back(Particle{1.0f, 2.0f, 0.0f, 1.0f, 60});
+  consume(particles.data(), sizeof(Particle));
+  consume(heap.malloc(100), 100);
 }
 
 size_t traymalloc_api() {

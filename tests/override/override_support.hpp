@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <malloc.h>
+#include <pthread.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -103,6 +104,41 @@ inline bool has_pattern(const void* block, size_t bytes, uint32_t seed) {
 
 inline bool is_aligned(const void* p, size_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % alignment == 0;
+}
+
+// With a program heap as the thread's default, malloc, calloc, realloc, operator new and what
+// libc allocates on the program's behalf (strdup) land in it, on that thread only; a reset
+// frees them all. True if every check held; `why` says which failed.
+inline bool default_heap_routes_this_thread(std::string* why) {
+  tray_heap_t* heap = tray_heap_new();
+  if (heap == nullptr) return *why = "tray_heap_new failed", false;
+  tray_heap_set_default(heap);
+  void* block = malloc(100);
+  void* zeroed = calloc(3, 100);
+  void* grown = realloc(malloc(10), 50000);
+  auto* object = new std::string(300, 'x');
+  char* copy = strdup("a string libc copies");
+  void* elsewhere = nullptr;
+  pthread_t thread;
+  pthread_create(&thread, nullptr, [](void* out) -> void* {
+    *static_cast<void**>(out) = malloc(100);
+    return nullptr;
+  }, &elsewhere);
+  pthread_join(thread, nullptr);
+  tray_heap_set_default(nullptr);
+  void* after = malloc(100);
+  const struct { const char* name; const void* p; bool in_heap; } checks[] = {
+      {"malloc", block, true}, {"calloc", zeroed, true}, {"realloc", grown, true},
+      {"new", object, true}, {"strdup", copy, true}, {"another thread's malloc", elsewhere, false},
+      {"malloc after the default", after, false}};
+  for (const auto& check : checks) {
+    if ((tray_heap_of(check.p) == heap) != check.in_heap)
+      return *why = std::string(check.name) + (check.in_heap ? " missed" : " went into") + " the heap", false;
+  }
+  free(elsewhere);
+  free(after);
+  tray_heap_destroy(heap);  // block, zeroed, grown, object's buffer and copy with it
+  return true;
 }
 
 }  // namespace tray_test

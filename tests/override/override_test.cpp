@@ -328,4 +328,9 @@ TEST(Mallinfo2, ReportsTraymallocsSegmentsAndLargeBlocks) {
   EXPECT_EQ(mallinfo2().hblkhd, before.hblkhd);
 }
 
+TEST(DefaultHeap, TakesThisThreadsMallocAndNew) {
+  std::string why;
+  EXPECT_TRUE(tray_test::default_heap_routes_this_thread(&why)) << why;
+}
+
 }  // namespace

@@ -55,4 +55,9 @@ TEST(StaticLink, MallocNewAndStrdupAreOurs) {
   free(aligned);
 }
 
+TEST(DefaultHeap, TakesThisThreadsMallocAndNew) {
+  std::string why;
+  EXPECT_TRUE(tray_test::default_heap_routes_this_thread(&why)) << why;
+}
+
 }  // namespace

@@ -1,0 +1,306 @@
+// Program heaps (tray_heap_*) through the prefixed API: blocks stay in their heap, a reset or
+// destroy frees every block and gives the memory back, many threads allocate into one heap,
+// a default heap applies to its thread alone, and frees from other threads before a destroy
+// cannot reach the pages after it.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "support.hpp"
+#include "traymalloc.h"
+
+namespace {
+
+using tray_test::kMiB;
+
+// Small blocks of every class up to 4 KiB, and a few large ones.
+size_t size_of(size_t i) { return i % 97 == 0 ? 200 * 1024 + i : 16 + (i * 37) % 4000; }
+
+std::vector<void*> fill(tray_heap_t* heap, size_t count) {
+  std::vector<void*> blocks;
+  for (size_t i = 0; i < count; ++i) {
+    void* p = tray_heap_malloc(heap, size_of(i));
+    EXPECT_NE(p, nullptr);
+    std::memset(p, int(i), 16);
+    blocks.push_back(p);
+  }
+  return blocks;
+}
+
+unsigned long long live_small() {
+  const tray_stats s = tray_test::stats_now();
+  unsigned long long live = 0;
+  for (unsigned c = 0; c < s.class_count; ++c) live += s.classes[c].live_blocks;
+  return live;
+}
+
+TEST(ProgramHeap, BlocksBelongToTheirHeap) {
+  tray_heap_t* a = tray_heap_new();
+  tray_heap_t* b = tray_heap_new();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  std::vector<void*> in_a = fill(a, 3000);
+  std::vector<void*> in_b = fill(b, 3000);
+  for (void* p : in_a) EXPECT_EQ(tray_heap_of(p), a);
+  for (void* p : in_b) EXPECT_EQ(tray_heap_of(p), b);
+  void* plain = tray_malloc(64);
+  EXPECT_EQ(tray_heap_of(plain), nullptr);
+  tray_free(plain);
+  // The small blocks a frees, b never hands out: a keeps their pages, which still hold a's
+  // other blocks. (A freed large block's memory is anybody's, as an emptied page is.)
+  std::set<void*> freed;
+  for (size_t i = 0; i < in_a.size(); i += 2) {
+    if (size_of(i) <= 4096) freed.insert(in_a[i]);
+    tray_free(in_a[i]);
+  }
+  for (void* p : fill(b, 3000)) EXPECT_EQ(freed.count(p), 0u) << p << " came from heap a";
+  tray_heap_destroy(a);
+  tray_heap_destroy(b);
+}
+
+TEST(ProgramHeap, ResetFreesEveryBlockAndGivesThePagesBack) {
+  tray_heap_t* heap = tray_heap_new();
+  const unsigned long long live_before = live_small();
+  const tray_stats before = tray_test::stats_now();
+  fill(heap, 200000);
+  const tray_stats full = tray_test::stats_now();
+  EXPECT_GT(live_small(), live_before + 190000);
+  EXPECT_GT(full.large.live_blocks, before.large.live_blocks + 2000);
+  tray_heap_reset(heap);
+  const tray_stats after = tray_test::stats_now();
+  EXPECT_LE(live_small(), live_before + 16);
+  EXPECT_EQ(after.large.live_blocks, before.large.live_blocks);
+  unsigned long long pages_full = 0, pages_after = 0;
+  for (unsigned c = 0; c < full.class_count; ++c) {
+    pages_full += full.classes[c].pages;
+    pages_after += after.classes[c].pages;
+  }
+  // A reset keeps at most what a thread heap keeps (1 MiB: 16 pages of one unit).
+  EXPECT_LT(pages_after + 200, pages_full);
+  // The heap is usable again, and its memory went to the pool, where tray_trim finds it.
+  for (void* p : fill(heap, 1000)) EXPECT_EQ(tray_heap_of(p), heap);
+  tray_heap_destroy(heap);
+  tray_trim();
+  EXPECT_LT(tray_test::stats_now().committed_bytes, full.committed_bytes - 100 * kMiB);
+}
+
+TEST(ProgramHeap, ManyThreadsAllocateIntoOneHeap) {
+  tray_heap_t* heap = tray_heap_new();
+  constexpr unsigned kThreads = 8;
+  std::vector<std::vector<void*>> kept(kThreads);
+  std::atomic<unsigned> wrong{0};
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = 0; i < 20000; ++i) {
+        void* p = tray_heap_malloc(heap, 16 + (i * 13 + t) % 700);
+        if (tray_heap_of(p) != heap) wrong.fetch_add(1);
+        if (i % 4 == 0) tray_free(p);  // freed by its own thread, another heap its default
+        else kept[t].push_back(p);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0u);
+  // Half of what each thread kept, freed by a thread that did not allocate it.
+  std::thread([&] {
+    for (auto& blocks : kept)
+      for (size_t i = 0; i < blocks.size(); i += 2) tray_free(blocks[i]);
+  }).join();
+  const unsigned long long live_before_reset = live_small();
+  tray_heap_reset(heap);
+  EXPECT_GE(live_before_reset - live_small(), kThreads * 20000 * 3 / 8 - 16);
+  tray_heap_destroy(heap);
+}
+
+TEST(ProgramHeap, DefaultHeapAppliesToItsThreadOnly) {
+  tray_heap_t* heap = tray_heap_new();
+  EXPECT_EQ(tray_heap_set_default(heap), nullptr);
+  void* mine = tray_malloc(100);
+  void* zeroed = tray_calloc(10, 10);
+  void* aligned = tray_aligned_alloc(256, 256);
+  void* large = tray_malloc(300000);
+  void* other = nullptr;
+  std::thread([&] { other = tray_malloc(100); }).join();
+  EXPECT_EQ(tray_heap_set_default(nullptr), heap);
+  void* after = tray_malloc(100);
+  EXPECT_EQ(tray_heap_of(mine), heap);
+  EXPECT_EQ(tray_heap_of(zeroed), heap);
+  EXPECT_EQ(tray_heap_of(aligned), heap);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(aligned) % 256, 0u);
+  EXPECT_EQ(tray_heap_of(large), heap);
+  EXPECT_EQ(tray_heap_of(other), nullptr);
+  EXPECT_EQ(tray_heap_of(after), nullptr);
+  tray_free(other);
+  tray_free(after);
+  tray_free(mine);
+  tray_heap_destroy(heap);  // zeroed, aligned and large go with it
+}
+
+TEST(ProgramHeap, DestroyingTheDefaultHeapGivesTheThreadItsOwnBack) {
+  tray_heap_t* heap = tray_heap_new();
+  tray_heap_set_default(heap);
+  void* p = tray_malloc(64);
+  EXPECT_EQ(tray_heap_of(p), heap);
+  tray_heap_destroy(heap);
+  void* q = tray_malloc(64);
+  EXPECT_EQ(tray_heap_of(q), nullptr);
+  EXPECT_EQ(tray_heap_set_default(nullptr), nullptr);
+  tray_free(q);
+}
+
+TEST(ProgramHeap, ReallocKeepsABlockInItsHeapAndMovesOthersIn) {
+  tray_heap_t* heap = tray_heap_new();
+  auto* p = static_cast<char*>(tray_heap_malloc(heap, 100));
+  std::memset(p, 7, 100);
+  p = static_cast<char*>(tray_realloc(p, 5000));  // plain realloc: a block of the heap stays one
+  EXPECT_EQ(tray_heap_of(p), heap);
+  p = static_cast<char*>(tray_realloc(p, 2 * kMiB));
+  EXPECT_EQ(tray_heap_of(p), heap);
+  p = static_cast<char*>(tray_realloc(p, 8 * kMiB));  // moved by the kernel, still the heap's
+  EXPECT_EQ(tray_heap_of(p), heap);
+  EXPECT_EQ(p[99], 7);
+  auto* q = static_cast<char*>(tray_malloc(100));
+  std::memset(q, 9, 100);
+  q = static_cast<char*>(tray_heap_realloc(heap, q, 100));  // fits where it is, moves anyway
+  EXPECT_EQ(tray_heap_of(q), heap);
+  EXPECT_EQ(q[99], 9);
+  auto* r = static_cast<char*>(tray_heap_realloc(heap, nullptr, 10));
+  EXPECT_EQ(tray_heap_of(r), heap);
+  const tray_stats before = tray_test::stats_now();
+  tray_heap_reset(heap);
+  EXPECT_EQ(tray_test::stats_now().large.live_blocks, before.large.live_blocks - 1);
+  tray_heap_destroy(heap);
+}
+
+TEST(ProgramHeap, DestroyAfterFreesFromOtherThreads) {
+  for (int round = 0; round < 20; ++round) {
+    tray_heap_t* heap = tray_heap_new();
+    std::vector<void*> blocks = fill(heap, 5000);
+    // Freed by threads that go on allocating and freeing their own blocks: no bucket of
+    // theirs may still hold one of the heap's blocks when its pages change hands.
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        for (size_t i = t; i < blocks.size(); i += 4) tray_free(blocks[i]);
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    tray_heap_destroy(heap);
+    // The pages went to the pool; others take them now, and must find them whole.
+    std::vector<tray_test::Block> others;
+    for (size_t i = 0; i < 5000; ++i) others.push_back(tray_test::allocate_filled(16 + i % 2000));
+    for (const tray_test::Block& block : others) ASSERT_TRUE(tray_test::free_checked(block));
+  }
+}
+
+TEST(ProgramHeap, APartOutlivesItsThread) {
+  tray_heap_t* heap = tray_heap_new();
+  std::vector<void*> blocks;
+  for (int t = 0; t < 50; ++t) {
+    std::thread([&] {
+      for (int i = 0; i < 100; ++i) blocks.push_back(tray_heap_malloc(heap, 48));
+    }).join();
+  }
+  for (void* p : blocks) ASSERT_EQ(tray_heap_of(p), heap);
+  // Threads that ended left their parts to the next; the heap's count says how many are bound.
+  const tray_stats s = tray_test::stats_now();
+  EXPECT_LT(s.heaps_created, 200u);
+  for (size_t i = 0; i < blocks.size(); i += 3) tray_free(blocks[i]);
+  tray_heap_destroy(heap);
+}
+
+TEST(ProgramHeap, ManyHeapsComeAndGo) {
+  const unsigned long long heaps_before = tray_test::stats_now().heaps_created;
+  for (int i = 0; i < 2000; ++i) {
+    tray_heap_t* heap = tray_heap_new();
+    for (int j = 0; j < 50; ++j) ASSERT_NE(tray_heap_malloc(heap, 32 + j * 8), nullptr);
+    if (i % 2 == 0) tray_heap_reset(heap);
+    tray_heap_destroy(heap);
+  }
+  // Destroyed heaps' parts serve the next heaps.
+  EXPECT_LE(tray_test::stats_now().heaps_created, heaps_before + 2);
+}
+
+TEST(ProgramHeap, StatisticsHaveALinePerLiveHeap) {
+  tray_heap_t* heap = tray_heap_new();
+  fill(heap, 1000);
+  std::string dump;
+  tray_stats_print([](void* context, const char* text, size_t length) {
+    static_cast<std::string*>(context)->append(text, length);
+  }, &dump, TRAY_STATS_TEXT);
+  EXPECT_NE(dump.find("heap #"), std::string::npos) << dump;
+  // 1000 blocks, of which 11 are large.
+  EXPECT_NE(dump.find("): 989 live blocks"), std::string::npos) << dump;
+  EXPECT_NE(dump.find(", large 11 ("), std::string::npos) << dump;
+  std::string json;
+  tray_stats_print([](void* context, const char* text, size_t length) {
+    static_cast<std::string*>(context)->append(text, length);
+  }, &json, TRAY_STATS_JSON);
+  EXPECT_NE(json.find("\"heaps\":[{\"serial\":"), std::string::npos) << json;
+  tray_heap_destroy(heap);
+  std::string after;
+  tray_stats_print([](void* context, const char* text, size_t length) {
+    static_cast<std::string*>(context)->append(text, length);
+  }, &after, TRAY_STATS_TEXT);
+  EXPECT_EQ(after.find("heap #"), std::string::npos) << after;
+}
+
+TEST(ProgramHeap, ForkWithALiveHeap) {
+  if (tray_test::kThreadSanitizer) GTEST_SKIP() << "TSan does not follow fork";
+  tray_heap_t* heap = tray_heap_new();
+  std::vector<void*> blocks = fill(heap, 2000);
+  // Another thread holds a part of the heap when the fork comes.
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop.load()) tray_free(tray_heap_malloc(heap, 64));
+  });
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int status = 0;
+    for (void* p : fill(heap, 2000)) status |= tray_heap_of(p) != heap;
+    for (size_t i = 0; i < blocks.size(); i += 2) tray_free(blocks[i]);
+    tray_heap_reset(heap);
+    status |= tray_heap_of(tray_heap_malloc(heap, 10)) != heap;
+    tray_heap_destroy(heap);
+    _exit(status);
+  }
+  stop.store(true);
+  busy.join();
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  tray_heap_destroy(heap);
+}
+
+using ProgramHeapDeath = ::testing::Test;
+
+TEST(ProgramHeapDeath, ADestroyedHandleStopsTheProgram) {
+  if (tray_test::kThreadSanitizer) GTEST_SKIP() << "death tests fork, which TSan does not support";
+  tray_heap_t* heap = tray_heap_new();
+  tray_heap_destroy(heap);
+  EXPECT_DEATH(tray_heap_malloc(heap, 10), "tray_heap_malloc of 0x[0-9a-f]+: not a live heap");
+}
+
+TEST(ProgramHeapDeath, AllocatingIntoADefaultThatAnotherThreadDestroyed) {
+  if (tray_test::kThreadSanitizer) GTEST_SKIP() << "death tests fork, which TSan does not support";
+  EXPECT_DEATH(
+      {
+        tray_heap_t* heap = tray_heap_new();
+        tray_heap_set_default(heap);
+        tray_free(tray_malloc(64));
+        std::thread([heap] { tray_heap_destroy(heap); }).join();
+        for (int i = 0; i < 100000; ++i) (void)tray_malloc(64);
+      },
+      "allocation into a destroyed heap");
+}
+
+}  // namespace
