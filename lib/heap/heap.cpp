@@ -456,6 +456,7 @@ bool heap_trim() {
       released |= release_empty_pages(part);
       released |= sparse_pass(part, true);
     }
+    released |= program_trim_thread(own);
   }
   collect_parked(true, &released);
   return released;

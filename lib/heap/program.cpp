@@ -176,18 +176,21 @@ void empty_checked_part(Heap* part, RetireBlock retire, uint64_t* freed) {
   }
 }
 
-void empty_all(ProgramHeap* heap, bool keep, RetireBlock retire) {
+// A reset keeps pages in every part; a destroy only in `keeper` (nullptr: none).
+void empty_all(ProgramHeap* heap, bool reset, const Heap* keeper, RetireBlock retire) {
   uint64_t freed[kSizeClassCount] = {};
   for (Heap* part = heap->parts; part != nullptr; part = part->next_part) {
     if (part->checked) {
       TRAY_CHECK(retire != nullptr);
       empty_checked_part(part, retire, freed);
     } else {
-      empty_part(part, keep, freed);
+      empty_part(part, reset || part == keeper, freed);
     }
   }
   count_emptied(heap, freed);
 }
+
+
 
 }  // namespace
 
@@ -248,7 +251,9 @@ Heap* program_part(ProgramHeap* heap) {
   Heap* part = heap->parts;
   while (part != nullptr && part->bound.load(std::memory_order_relaxed) != nullptr) part = part->next_part;
   if (part == nullptr) {
-    part = take_spare_part();
+    part = own->spare_part;
+    own->spare_part = nullptr;
+    if (part == nullptr) part = take_spare_part();
     if (part == nullptr) part = heap_create_part(own->checked);
     if (part == nullptr) return nullptr;
     set_base(part);
@@ -265,15 +270,24 @@ Heap* program_part(ProgramHeap* heap) {
 
 void program_heap_reset(ProgramHeap* heap, RetireBlock retire) {
   os::LockGuard guard(heap->lock);
-  empty_all(heap, true, retire);
+  empty_all(heap, true, nullptr, retire);
 }
 
 void program_heap_destroy(ProgramHeap* heap, RetireBlock retire) {
   {
     os::LockGuard guard(heap->lock);
     heap->magic.store(0, std::memory_order_release);
-    empty_all(heap, false, retire);
     Heap* own = tls_own_heap;
+    // The caller's part keeps the pages its thread used (as a reset would), for the thread's
+    // next heap: a heap per request then reuses the same warm pages, where taking them from
+    // the pool each time moved them between threads, cold (request_heap --release destroy,
+    // 2 threads: 17.6k requests/s, against 30.8k freeing block by block).
+    Heap* keeper = nullptr;
+    if (own != nullptr && own->spare_part == nullptr && !own->checked) {
+      for (Heap* part = heap->parts; part != nullptr; part = part->next_part)
+        if (part->bound.load(std::memory_order_relaxed) == own) keeper = part;
+    }
+    empty_all(heap, false, keeper, retire);
     for (Heap* part = heap->parts; part != nullptr;) {
       Heap* next = part->next_part;
       part->program.store(nullptr, std::memory_order_release);
@@ -281,7 +295,12 @@ void program_heap_destroy(ProgramHeap* heap, RetireBlock retire) {
       if (bound == own && own != nullptr) {
         stop_targeting(part);
         unlink_bound(own, part);
-        push_spare_part(part);
+        if (part == keeper) {
+          part->bound.store(nullptr, std::memory_order_relaxed);
+          own->spare_part = part;
+        } else {
+          push_spare_part(part);
+        }
       } else if (bound == nullptr) {
         push_spare_part(part);
       }
@@ -366,6 +385,17 @@ void program_detach_thread(Heap* own) {
   }
   tls_last_part = nullptr;
   if (tls_part != nullptr) program_target(nullptr);
+  program_trim_thread(own);
+}
+
+bool program_trim_thread(Heap* own) {
+  Heap* spare = own->spare_part;
+  if (spare == nullptr) return false;
+  own->spare_part = nullptr;
+  uint64_t freed[kSizeClassCount] = {};  // a spare part holds no live block
+  empty_part(spare, false, freed);
+  push_spare_part(spare);
+  return true;
 }
 
 void program_lock_for_fork() {

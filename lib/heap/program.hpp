@@ -88,6 +88,9 @@ void program_free_block(Heap* self, Page* page, Block* block, bool counted) noex
 void program_check_alive(Heap* part);
 // The thread of `own` ends: its parts are unbound, for other threads to take.
 void program_detach_thread(Heap* own);
+// The pages the thread of `own` keeps for its next program heap go back to the pool (trim);
+// true if there were any.
+bool program_trim_thread(Heap* own);
 
 // fork() (api/process.cpp): the program heaps' locks, in order.
 void program_lock_for_fork();

@@ -155,6 +155,9 @@ struct Heap {
   Heap* next_part = nullptr;     // the program heap's parts (its lock); the spare parts
   Heap* next_bound = nullptr;    // the parts its thread is bound to (that thread only)
   Heap* bound_parts = nullptr;   // a thread's heap: the first of the parts it is bound to
+  // A thread's heap: the part of the last heap it destroyed, with that heap's warm pages,
+  // which its next heap takes first (that thread only).
+  Heap* spare_part = nullptr;
   // A part's full pages (floating), linked through Page::next/prev: a reset must find every
   // page, and no queue holds these.
   Page* full_pages = nullptr;

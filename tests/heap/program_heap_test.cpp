@@ -218,6 +218,30 @@ TEST(ProgramHeap, APartOutlivesItsThread) {
   tray_heap_destroy(heap);
 }
 
+TEST(ProgramHeap, ADestroyedHeapsPagesServeTheThreadsNextHeap) {
+  std::thread([] {
+    // A class no other test here allocates from, so that nothing else moves its page count.
+    constexpr size_t kSize = 100000;
+    auto pages_of_class = [] {
+      const tray_stats s = tray_test::stats_now();
+      for (unsigned c = 0; c < s.class_count; ++c)
+        if (s.classes[c].block_bytes >= kSize) return s.classes[c].pages;
+      return 0ull;
+    };
+    tray_heap_t* first = tray_heap_new();
+    void* p = tray_heap_malloc(first, kSize);
+    const unsigned long long pages = pages_of_class();
+    tray_heap_destroy(first);
+    EXPECT_EQ(pages_of_class(), pages);  // kept for the thread's next heap, not in the pool
+    tray_heap_t* next = tray_heap_new();
+    EXPECT_EQ(tray_heap_malloc(next, kSize), p);  // the same page, carved afresh
+    tray_heap_destroy(next);
+    // What the thread keeps for its next heap goes back with a trim (and when it ends).
+    tray_trim();
+    EXPECT_EQ(pages_of_class(), pages - 1);
+  }).join();
+}
+
 TEST(ProgramHeap, ManyHeapsComeAndGo) {
   const unsigned long long heaps_before = tray_test::stats_now().heaps_created;
   for (int i = 0; i < 2000; ++i) {
