@@ -1,7 +1,5 @@
 #include "heap/program.hpp"
 
-#include <new>
-
 #include "heap/config.hpp"
 #include "heap/heap.hpp"
 #include "heap/page.hpp"
@@ -44,11 +42,10 @@ Heap* take_spare_part() {
 
 // The part's counters as they are now become its base. Dumps read the base while this runs.
 void set_base(Heap* part) {
-  const uint64_t* from = &part->counters.allocations[0];
-  uint64_t* to = &part->base.allocations[0];
-  static_assert(sizeof(HeapCounters) % sizeof(uint64_t) == 0);
-  for (size_t i = 0; i < sizeof(HeapCounters) / sizeof(uint64_t); ++i)
-    __atomic_store_n(&to[i], counter_read(from[i]), __ATOMIC_RELAXED);
+  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+    __atomic_store_n(&part->base.allocations[c], counter_read(part->counters.allocations[c]), __ATOMIC_RELAXED);
+    __atomic_store_n(&part->base.frees[c], counter_read(part->counters.frees[c]), __ATOMIC_RELAXED);
+  }
 }
 
 // The calling thread stops allocating into `part` if it did; its own heap takes over.
@@ -69,10 +66,11 @@ void unlink_bound(Heap* own, Heap* part) {
 }
 
 // Every page of the part, queued or full, leaves it: counted per class into `freed` (the
-// blocks that were live), then carved afresh and kept, or given to the pool. A reset
-// (`keep`) keeps the page each class allocated from, as a running thread's heap does, and
-// other pages up to what it retains; a destroy keeps none. Runs as the part's owner: its
-// thread is not allocating (the program's promise).
+// blocks that were live), then carved afresh and kept, or given to the pool. With `keep` (a
+// reset, or the part a destroying thread keeps for its next heap) the page each class
+// allocated from stays, as in a running thread's heap, and other pages up to what a thread
+// heap retains; without, none. Runs as the part's owner: its thread is not allocating (the
+// program's promise).
 void empty_part(Heap* part, bool keep, uint64_t* freed) {
   // Blocks freed earlier by other threads wait on the part's stack: back on their pages
   // first, so that what is left on a page is its live blocks.
@@ -189,8 +187,6 @@ void empty_all(ProgramHeap* heap, bool reset, const Heap* keeper, RetireBlock re
   }
   count_emptied(heap, freed);
 }
-
-
 
 }  // namespace
 

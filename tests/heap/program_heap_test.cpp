@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -303,6 +304,86 @@ TEST(ProgramHeap, ForkWithALiveHeap) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   tray_heap_destroy(heap);
+}
+
+// Rounds of a job system: workers fill a frame heap together (small and large blocks, some
+// freed by other workers, some by realloc), a level heap lives across frames, and between
+// frames, while the workers wait, the main thread checks every block, resets the frame heap,
+// and now and then destroys the level heap and makes another.
+TEST(ProgramHeap, FramesOfAJobSystem) {
+  constexpr unsigned kWorkers = 4;
+  constexpr int kFrames = 30;
+  tray_heap_t* frame = tray_heap_new();
+  tray_heap_t* level = tray_heap_new();
+  struct Kept {
+    unsigned char* p;
+    size_t size;
+    unsigned char fill;
+    tray_heap_t* heap;
+  };
+  std::vector<std::vector<Kept>> kept(kWorkers);
+  // Per frame parity, a block of the level heap per worker, freed by the next worker in the
+  // next frame.
+  std::vector<void*> handed[2] = {std::vector<void*>(kWorkers), std::vector<void*>(kWorkers)};
+  std::atomic<int> frame_go{-1};
+  std::atomic<unsigned> done{0};
+  std::vector<std::thread> workers;
+  for (unsigned w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&, w] {
+      for (int f = 0; f < kFrames; ++f) {
+        while (frame_go.load(std::memory_order_acquire) != f) std::this_thread::yield();
+        tray_heap_t* previous = nullptr;
+        if (w % 2 == 0) previous = tray_heap_set_default(frame);  // half use the default
+        for (size_t i = 0; i < 3000; ++i) {
+          const size_t size = i % 500 == 0 ? 150000 + i : 8 + (i * 7 + w) % 1500;
+          tray_heap_t* into = i % 10 == 0 ? level : frame;
+          auto* p = static_cast<unsigned char*>(w % 2 == 0 && into == frame ? tray_malloc(size)
+                                                                            : tray_heap_malloc(into, size));
+          const auto fill = static_cast<unsigned char>(w * 31 + i);
+          std::memset(p, fill, size);
+          if (i % 7 == 0) {
+            p = static_cast<unsigned char*>(tray_realloc(p, size + 64));
+            std::memset(p, fill, size + 64);
+            kept[w].push_back({p, size + 64, fill, into});
+          } else if (i % 5 == 0) {
+            tray_free(p);
+          } else {
+            kept[w].push_back({p, size, fill, into});
+          }
+        }
+        void*& older = handed[(f + 1) % 2][(w + 1) % kWorkers];
+        if (older != nullptr) tray_free(older);
+        older = nullptr;
+        handed[f % 2][w] = tray_heap_malloc(level, 64);
+        if (w % 2 == 0) tray_heap_set_default(previous);
+        done.fetch_add(1, std::memory_order_acq_rel);
+      }
+    });
+  }
+  for (int f = 0; f < kFrames; ++f) {
+    done.store(0);
+    frame_go.store(f, std::memory_order_release);
+    while (done.load(std::memory_order_acquire) != kWorkers) std::this_thread::yield();
+    for (auto& blocks : kept) {
+      for (const Kept& block : blocks) {
+        ASSERT_EQ(tray_heap_of(block.p), block.heap);
+        for (size_t i = 0; i < block.size; i += 61) ASSERT_EQ(block.p[i], block.fill);
+      }
+    }
+    tray_heap_reset(frame);
+    for (auto& blocks : kept) {
+      std::erase_if(blocks, [&](const Kept& block) { return block.heap == frame; });
+      if (f % 10 == 9) blocks.clear();
+    }
+    if (f % 10 == 9) {
+      tray_heap_destroy(level);  // with the blocks handed on in this frame
+      for (void*& p : handed[f % 2]) p = nullptr;
+      level = tray_heap_new();
+    }
+  }
+  for (std::thread& worker : workers) worker.join();
+  tray_heap_destroy(frame);
+  tray_heap_destroy(level);
 }
 
 using ProgramHeapDeath = ::testing::Test;
