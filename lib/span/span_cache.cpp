@@ -17,6 +17,11 @@ namespace {
 
 // Every heap's cache, newest first: pushed under the heaps lock, never unlinked (heaps live on).
 std::atomic<SpanCache*> g_span_caches{nullptr};
+// The cache of the thread that asked for a span last, and when a thread asked after another
+// had: a thread alone in asking keeps blocks without contention. Written only when the asker
+// changes, so a thread alone writes neither.
+std::atomic<SpanCache*> g_last_asker{nullptr};
+std::atomic<uint64_t> g_askers_mixed_ms{0};
 
 // A slot's word: the header's address, the run's pages below it, the touched pages above it.
 constexpr uint64_t kRunPagesMask = (uint64_t{1} << kOsPageShift) - 1;
@@ -75,6 +80,10 @@ LargeHeader* span_cache_take(size_t run_pages, uint64_t now_ms) {
   SpanCache* cache = tls_span_cache;
   if (cache == nullptr) return nullptr;
   cache->last_request_ms.store(now_ms, std::memory_order_relaxed);
+  if (SpanCache* last = g_last_asker.load(std::memory_order_relaxed); last != cache) {
+    if (last != nullptr) g_askers_mixed_ms.store(now_ms, std::memory_order_relaxed);
+    g_last_asker.store(cache, std::memory_order_relaxed);
+  }
   size_t best = kSpanCacheBlocks;
   uint64_t best_word = 0;
   for (size_t i = 0; i < kSpanCacheBlocks; ++i) {
@@ -110,10 +119,13 @@ bool span_cache_put(LargeHeader* header, uint64_t now_ms) {
   if (cache == nullptr) return false;
   const uint64_t word = word_of(header);
   if (word == 0) return false;
-  // Requests stopped, or the arenas serve them without a wait: nothing is kept for them, and
-  // what was kept goes back.
+  // Requests stopped, or the arenas serve them without a wait while other threads ask too:
+  // nothing is kept for them, and what was kept goes back.
+  const bool contended = cache->contended_ms != 0 && now_ms < cache->contended_ms + kSpanCacheContendedMs;
+  const bool alone = g_last_asker.load(std::memory_order_relaxed) == cache &&
+                     now_ms >= g_askers_mixed_ms.load(std::memory_order_relaxed) + kSpanIdleMs;
   if (now_ms >= cache->last_request_ms.load(std::memory_order_relaxed) + kSpanIdleMs ||
-      cache->contended_ms == 0 || now_ms >= cache->contended_ms + kSpanCacheContendedMs) {
+      (!contended && !alone)) {
     flush(*cache, now_ms);
     return false;
   }

@@ -53,7 +53,7 @@ void span_cache_contended(uint64_t now_ms);
 // Keeps a freed block in the calling thread's cache, giving the oldest back to its arena to
 // make room; false, and nothing done, if the block is not one to keep (too long or too
 // touched, no cache, no span requested for kSpanIdleMs, or no other thread met at an arena's
-// lock for kSpanCacheContendedMs).
+// lock for kSpanCacheContendedMs while other threads asked for spans within kSpanIdleMs).
 bool span_cache_put(LargeHeader* header, uint64_t now_ms);
 // Every thread's kept blocks back to their arenas (trim).
 void span_cache_flush_all();

@@ -57,13 +57,24 @@ class SpanCache : public ::testing::Test {
   }
 };
 
-// A thread that has not met others at the arenas lately keeps nothing: the arenas serve it
-// without a wait, and blocks kept apart would only add to the program's peak.
+// Another thread asks for a span, so that the calling thread, which must hold its heap (and
+// so its cache: a thread that starts may adopt the heap of one that ended), is not alone in
+// asking when it next asks.
+void ask_from_another_thread() {
+  std::thread([] { tray_free(alloc_filled(300 * kKiB, 7)); }).join();
+  tray_trim();  // whatever that thread kept goes back
+}
+
+// A thread that has not met others at the arenas lately, while others ask for spans too, keeps
+// nothing: the arenas serve it without a wait, and blocks each thread kept apart would only
+// add to the program's peak.
 // The thread's own requests may meet the purger at an arena's lock now and then (an allocation
 // and a free try two locks): the meetings it reports leave room for those.
 TEST_F(SpanCache, AThreadThatMeetsNoOtherKeepsNothing) {
   constexpr uint32_t kLocksPerStep = 2;
   std::thread([] {
+    tray_free(tray_malloc(1));
+    ask_from_another_thread();
     char* p = alloc_filled(300 * kKiB, 1);
     tray_free(p);
     EXPECT_EQ(blocks_kept_by_threads(), 0u) << "kept with no other thread met";
@@ -76,6 +87,27 @@ TEST_F(SpanCache, AThreadThatMeetsNoOtherKeepsNothing) {
       tray::span_cache_contended(tray::os::now_ms());
     tray_free(alloc_filled(300 * kKiB, 3));
     EXPECT_EQ(blocks_kept_by_threads(), 1u) << "not kept once it meets others often";
+  }).join();
+}
+
+// A thread that has been alone in asking for spans for kSpanIdleMs keeps blocks without
+// meeting others at the arenas' locks: nobody waits there, but it skips their search. Once
+// another thread asks too, it keeps nothing until it has been alone that long again.
+TEST_F(SpanCache, AThreadAloneInAskingKeepsBlocks) {
+  std::thread([] {
+    tray_free(tray_malloc(1));
+    ask_from_another_thread();
+    const auto alone_for = std::chrono::milliseconds(2 * tray::kSpanIdleMs);
+    const auto until = std::chrono::steady_clock::now() + alone_for;
+    while (std::chrono::steady_clock::now() < until) tray_free(alloc_filled(300 * kKiB, 1));
+    char* p = alloc_filled(300 * kKiB, 2);
+    tray_free(p);
+    EXPECT_EQ(blocks_kept_by_threads(), 1u) << "a thread alone in asking kept nothing";
+    char* again = alloc_filled(290 * kKiB, 3);
+    EXPECT_EQ(again, p);
+    ask_from_another_thread();
+    tray_free(again);
+    EXPECT_EQ(blocks_kept_by_threads(), 0u) << "kept while another thread asked too";
   }).join();
 }
 
