@@ -137,8 +137,7 @@ TRAY_NOINLINE void free_unusual(void* p) {
   LargeHeader* header = large_mapping_of(p, kind);
   // Deeper inside a mapping than the chunk map can say is no block's start either.
   if (header == nullptr || header->user != p) large_report_bad_free("free", header, p);
-  if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
-  large_free(header);
+  free_large(header);
   // Under an address-space limit, what the caches keep goes back with each large free: the
   // next mapping the limit refuses may be the program's own (a thread's stack), which no
   // retry of ours would see. Near the memory limit, so does what they keep resident.
@@ -148,6 +147,11 @@ TRAY_NOINLINE void free_unusual(void* p) {
 }  // namespace
 
 void set_foreign_handlers(const ForeignHandlers& handlers) noexcept { g_foreign = handlers; }
+
+void free_large(LargeHeader* header) {
+  if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);
+  large_free(header);
+}
 
 // That one case goes on at once, with no frame built and nothing looked up again: a thread
 // with a heap is not in debug mode (debug mode leaves tls_heap at &g_empty_heap), and only a

@@ -32,6 +32,8 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept;
 // free_slow takes what the fast path already holds, in the registers it holds them in: p's
 // page and the calling thread's heap.
 void free_slow(void* p, Page* page, Heap* self) noexcept;
+// A live large block goes back (the heap profile forgets it if it holds it).
+void free_large(LargeHeader* header);
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept;
 void* alloc_zeroed(size_t count, size_t size) noexcept;

@@ -58,11 +58,6 @@ ProgramHeap* program_heap_of_block(const void* p) noexcept {
 
 namespace {
 
-void release_large(LargeHeader* header) {
-  if (header->prof_sampled != 0) prof_forget_large(header);
-  large_free(header);
-}
-
 // Debug mode frees it as the program would: canary checked, mapping kept inaccessible.
 void retire_large(LargeHeader* header) { debug_free(header->user); }
 
@@ -78,7 +73,7 @@ ProgramHeap* release_blocks(tray_heap_t* handle, const char* call) {
   }
   [[maybe_unused]] TrackScope scope;
   sample_release_owned(heap);
-  large_release_owned(&heap->large, debug_mode() ? retire_large : release_large);
+  large_release_owned(&heap->large, debug_mode() ? retire_large : free_large);
   return heap;
 }
 

@@ -341,17 +341,12 @@ ProgramHeap* program_heap_of_page(const Page* page) {
 
 void program_free_block(Heap* self, Page* page, Block* block, bool counted) noexcept {
   Heap* part = page->heap;
-  Heap* own = tls_own_heap;
-  // The part's own thread counts in the part (its counters see only the heap's blocks) and
-  // frees onto the page, as the fast path would have.
-  if (own != nullptr && part->bound.load(std::memory_order_relaxed) == own && !counted) {
-    count_free(part, page);
-    return page_free_local(part, page, block);
-  }
   if (!counted) heap_count_free(self, page);
   if (ProgramHeap* program = part->program.load(std::memory_order_relaxed); program != nullptr)
     program->freed[page->size_class].fetch_add(1, std::memory_order_relaxed);
-  if (own != nullptr && part->bound.load(std::memory_order_relaxed) == own)
+  // The part's own thread comes here only from debug mode's quarantine: its other frees of
+  // the part's blocks take heap_free_remote's shortcut.
+  if (Heap* own = tls_own_heap; own != nullptr && part->bound.load(std::memory_order_relaxed) == own)
     return page_free_local(part, page, block);
   // Alone onto the part's stack, never into a bucket: a reset finds there every block freed
   // before it, where a bucket could still hold one and send it after the page changed hands.

@@ -78,9 +78,9 @@ ProgramHeap* program_heap_of_page(const Page* page);
 // The program heap a live large block belongs to (nullptr: none).
 ProgramHeap* program_heap_of_large(const LargeHeader* header);
 
-// A free of a block of a part's page (Page::owner_kind kPart) that the free fast path did not
-// do, by the thread whose heap is `self`: on the page if the calling thread is the part's,
-// else onto the part's remote stack. `counted`: the caller has counted the free as self's
+// A free of a block of a part's page (Page::owner_kind kPart) by a thread other than the
+// part's (whose heap is `self`), or by debug mode's quarantine: on the page if the calling
+// thread is the part's, else onto the part's remote stack. `counted`: the caller has counted the free as self's
 // (debug mode counts at the program's free, and gives the block back later).
 void program_free_block(Heap* self, Page* page, Block* block, bool counted) noexcept;
 // A part takes a page: stops the program if its heap was destroyed meanwhile (another thread

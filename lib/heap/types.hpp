@@ -144,8 +144,8 @@ struct Heap {
 
   // --- parts of program heaps (program.hpp); a thread's heap uses only bound_parts ---
   OwnerKind kind = OwnerKind::kThread;  // fixed when the heap is made
-  // The program heap this part serves: set when a thread binds it from the spare parts (under
-  // the spare list's lock), cleared (release) by the heap's destroyer under the heap's lock.
+  // The program heap this part serves: set (release) when a thread takes it for the heap, and
+  // cleared (release) by the heap's destroyer, both under the heap's lock.
   // nullptr: spare, or its heap destroyed and its thread not yet told.
   std::atomic<ProgramHeap*> program{nullptr};
   // The thread heap of the thread this part serves (nullptr: none): written under the program
