@@ -29,15 +29,8 @@ void scratch(void* handed_over, uint64_t blocks, workload::CheckCounter& checks)
   std::free(handed_over);
   for (uint64_t i = 0; i < blocks; ++i) {
     auto* object = static_cast<unsigned char*>(std::malloc(kObjectBytes));
-    std::memset(object, 0, kObjectBytes);
-    // volatile: each increment is a real load and store to the block's cache line.
-    volatile unsigned char* bytes = object;
-    for (unsigned write = 0; write < kWritesPerByte; ++write)
-      for (size_t b = 0; b < kObjectBytes; ++b) bytes[b] = static_cast<unsigned char>(bytes[b] + 1);
-    bool intact = true;
-    for (size_t b = 0; b < kObjectBytes; ++b)
-      intact &= object[b] == static_cast<unsigned char>(kWritesPerByte);
-    checks.expect(intact, "cache_scratch: increments lost");
+    checks.expect(workload::write_hard(object, kObjectBytes, kWritesPerByte),
+                  "cache_scratch: increments lost");
     std::free(object);
   }
 }

@@ -12,10 +12,11 @@
 // path of the library that must define malloc. --describe
 // (alone) prints what the workload declares about itself and exits, one line:
 //
-//   DESCRIBE workload=NAME threads=yes|no default_threads=T
+//   DESCRIBE workload=NAME threads=yes|no default_threads=T [missing=WHAT]
 //
-// tools/bench-compare asks every workload this before running it, and runs a threaded one once
-// per thread count of its --threads list.
+// tools/bench-compare asks every workload this before running it, runs a threaded one once per
+// thread count of its --threads list, and skips, saying so, one that names what it is missing
+// (ruby_stress without ruby).
 #pragma once
 
 #include <dlfcn.h>
@@ -35,11 +36,13 @@
 
 namespace workload {
 
-// What a workload declares about itself, in its main: its name and, if it runs threads of its
-// own that --threads sets, how many by default (0: single-threaded).
+// What a workload declares about itself, in its main: its name, if it runs threads of its own
+// that --threads sets, how many by default (0: single-threaded), and, for one that runs another
+// program, what of it this machine lacks (a word, e.g. "ruby"; nullptr: nothing).
 struct Declaration {
   const char* name;
   unsigned default_threads;
+  const char* (*missing)() = nullptr;
 };
 
 struct Options {
@@ -91,9 +94,11 @@ bool parse_number(const char* text, Number& out) {
 
 inline Options parse_options(int argc, char** argv, const Declaration& declaration) {
   if (argc == 2 && std::string_view(argv[1]) == "--describe") {
-    std::printf("DESCRIBE workload=%s threads=%s default_threads=%u\n", declaration.name,
+    const char* missing = declaration.missing != nullptr ? declaration.missing() : nullptr;
+    std::printf("DESCRIBE workload=%s threads=%s default_threads=%u%s%s\n", declaration.name,
                 declaration.default_threads ? "yes" : "no",
-                std::max(1u, declaration.default_threads));
+                std::max(1u, declaration.default_threads), missing ? " missing=" : "",
+                missing ? missing : "");
     std::exit(0);
   }
   Options options;
@@ -240,17 +245,38 @@ class CheckCounter {
   std::atomic<uint64_t> failures_{0};
 };
 
-// Prints the RESULT line (extra is appended as is: " key=value ...") and returns main's status.
-inline int report(const char* name, unsigned threads, uint64_t ops, double seconds,
-                  const CheckCounter& checks, const std::string& extra = {}) {
+// Prints the RESULT line with a peak RSS measured elsewhere (a workload whose work runs in a
+// child process) and returns main's status; extra is appended as is: " key=value ...".
+inline int report_with_rss(const char* name, unsigned threads, uint64_t ops, double seconds,
+                           long rss_kb, const CheckCounter& checks, const std::string& extra = {}) {
   std::printf("RESULT workload=%s malloc=%s threads=%u ops=%llu seconds=%.6f peak_rss_kb=%ld%s "
               "check=%s\n",
               name, malloc_library_name(), threads, static_cast<unsigned long long>(ops), seconds,
-              peak_rss_kb(), extra.c_str(), checks.passed() ? "ok" : "fail");
+              rss_kb, extra.c_str(), checks.passed() ? "ok" : "fail");
   if (!checks.passed())
     std::fprintf(stderr, "%s: %llu failed checks\n", name,
                  static_cast<unsigned long long>(checks.failures()));
   return checks.passed() ? 0 : 1;
+}
+
+// Prints the RESULT line (extra is appended as is: " key=value ...") and returns main's status.
+inline int report(const char* name, unsigned threads, uint64_t ops, double seconds,
+                  const CheckCounter& checks, const std::string& extra = {}) {
+  return report_with_rss(name, threads, ops, seconds, peak_rss_kb(), checks, extra);
+}
+
+// Zeroes a block and adds 1 to each of its bytes `writes` times, each a real load and store to
+// its cache line (volatile), as the false-sharing workloads do; whether every byte then holds
+// `writes` (mod 256).
+inline bool write_hard(void* block, size_t bytes, unsigned writes) {
+  auto* object = static_cast<unsigned char*>(block);
+  std::memset(object, 0, bytes);
+  volatile unsigned char* cells = object;
+  for (unsigned write = 0; write < writes; ++write)
+    for (size_t b = 0; b < bytes; ++b) cells[b] = static_cast<unsigned char>(cells[b] + 1);
+  bool intact = true;
+  for (size_t b = 0; b < bytes; ++b) intact &= object[b] == static_cast<unsigned char>(writes);
+  return intact;
 }
 
 // A block from malloc, stamped with `tag`.

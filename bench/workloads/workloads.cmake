@@ -20,4 +20,7 @@ set(TRAY_BENCH_WORKLOADS
   large_threads
   exchange
   hash_lookup
+  alloc_test
+  cache_thrash
+  ruby_stress
 )
