@@ -1,6 +1,7 @@
 """Tests of tools/bench-compare: its table from known runs, a tiny real run (multi-threaded
-workloads once per --threads count), the workloads' --describe, and its refusal of a run whose
-preload put the wrong malloc in place.
+workloads once per --threads count), the workloads' --describe, the skip of a workload whose
+program this machine lacks, and its refusal of a run whose preload put the wrong malloc in
+place.
 
 Run by ctest (tests/bench/CMakeLists.txt), which sets BENCH_COMPARE (the runner),
 BENCH_BUILD_DIR (a build with bench/workloads), TRAYMALLOC_LIB and BENCH_WORK_DIR.
@@ -29,11 +30,11 @@ def load_runner():
     return module
 
 
-def run_runner(out_dir, *arguments, lib=TRAYMALLOC_LIB):
+def run_runner(out_dir, *arguments, lib=TRAYMALLOC_LIB, env=None):
     shutil.rmtree(out_dir, ignore_errors=True)
     return subprocess.run([str(RUNNER), "--build", str(BUILD_DIR), "--lib", str(lib),
                            "--out", str(out_dir), *arguments],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240, env=env)
 
 
 def workload_programs():
@@ -41,20 +42,24 @@ def workload_programs():
                   if p.is_file() and os.access(p, os.X_OK))
 
 
-def describe(program):
+def describe(program, env=None):
     """The workload's own --describe line, as a dict."""
     result = subprocess.run([str(program), "--describe"], capture_output=True, text=True,
-                            timeout=30)
+                            timeout=30, env=env)
     assert result.returncode == 0, result.stderr
     line = next(l for l in result.stdout.splitlines() if l.startswith("DESCRIBE "))
     return dict(item.split("=", 1) for item in line.split()[1:])
 
 
 def expected_rows(thread_counts):
-    """The report rows for every workload in the build: NAME (T thr) per count, or NAME."""
+    """The report rows for every workload in the build that this machine can run: NAME (T thr)
+    per count, or NAME."""
     rows = []
     for program in workload_programs():
-        if describe(program)["threads"] == "yes":
+        fields = describe(program)
+        if "missing" in fields:
+            continue
+        if fields["threads"] == "yes":
             rows += [f"{program.name} ({t} thr)" for t in thread_counts]
         else:
             rows.append(program.name)
@@ -221,6 +226,24 @@ class ThreadCounts(unittest.TestCase):
         markdown = (self.out_dir / "results.md").read_text()
         self.assertEqual([row[0] for row in table_rows(markdown, "## Wall time")],
                          ["larson_server (1 thr)", "larson_server (3 thr)", "particles"])
+
+
+class MissingProgram(unittest.TestCase):
+    """A workload that names what this machine lacks is left out of the run, and said so."""
+
+    def test_ruby_stress_without_ruby_is_skipped(self):
+        env = dict(os.environ, RUBY="/nonexistent/ruby")
+        program = BUILD_DIR / "bench" / "workloads" / "ruby_stress"
+        self.assertEqual(describe(program, env).get("missing"), "ruby")
+        out_dir = WORK_DIR / "missing"
+        result = run_runner(out_dir, "--allocators", "traymalloc", "--reps", "1", "--scale",
+                            "0.01", "--workloads", "ruby_stress,particles", env=env)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("skipping workload ruby_stress: this machine has no ruby", result.stderr)
+        results = json.loads((out_dir / "results.json").read_text())
+        self.assertEqual(list(results["summary"]), ["particles"])
+        self.assertIn("workload ruby_stress", results["skipped"])
+        self.assertIn("Skipped workload ruby_stress", (out_dir / "results.md").read_text())
 
 
 @unittest.skipUnless(JEMALLOC.is_file(), "needs Debian's libjemalloc2")
