@@ -371,10 +371,10 @@ void remote_send(Heap* self, Page* page, Block* block) noexcept {
 }
 
 // One test covers every unusual case: no bucket gathers for the profile's heap or a program
-// heap's part (heap_free_remote hands their blocks on before any send: OwnerKind on the
-// page), nor holds a null target where a page has an owner, and
-// a bucket that must change owner goes through remote_send as before. So the common free of
-// another heap's block is one function with no call in it.
+// heap's part (heap_free_remote hands their blocks on before any send: OwnerKind on the page),
+// nor holds a null target where a page has an owner, and a bucket that must change owner goes
+// through remote_send as before. So the common free of another heap's block is one function
+// with no call in it.
 void remote_free(Block* block, Page* page, Heap* self) noexcept {
   Heap* owner = page->heap;
   RemoteBucket& bucket = bucket_of(self, page);
