@@ -153,13 +153,18 @@ void free_large(LargeHeader* header) {
   large_free(header);
 }
 
-// That one case goes on at once, with no frame built and nothing looked up again: a thread
+// Those two cases go on at once, with no frame built and nothing looked up again: a thread
 // with a heap is not in debug mode (debug mode leaves tls_heap at &g_empty_heap), and only a
 // page with blocks has an owner (the unit map names g_foreign_page for memory outside
 // segments, and pages[0] for free units).
-void free_slow(void* p, Page* page, Heap* self) noexcept {
-  if (TRAY_LIKELY(self != &g_empty_heap && page->heap != nullptr))
+void free_slow(void* p, Page* page) noexcept {
+  Heap* self = tls_heap;
+  if (TRAY_LIKELY(self != &g_empty_heap && page->heap != nullptr)) {
+    // A block of the thread's own floating page (the first to come back: a page event), or a
+    // free the checks refused, which heap_free_home reports.
+    if (page->heap == self) return heap_free_home(self, page, static_cast<Block*>(p));
     return remote_free(static_cast<Block*>(p), page, self);
+  }
   free_unusual(p);
 }
 
@@ -198,11 +203,11 @@ TRAY_NOINLINE void* alloc_large_slow(size_t size, size_t alignment, bool zero) {
 
 }  // namespace
 
-// Only alloc() comes here with a small size and natural alignment, after its pop failed
-// (popping again would charge the sampling countdown twice for one request); calloc and
-// aligned requests that a class serves never do. Both cases leave by tail calls: a page
-// switch, a slow path every few allocations where pages hold few free blocks, went through
-// three frames that each saved and restored registers.
+// Small requests of natural alignment come here from a thread with no heap yet, in debug
+// mode, and from callers other than alloc (a failed pop of theirs); aligned requests that a
+// class serves never do. Both cases leave by tail calls: a page switch, a slow path every few
+// allocations where pages hold few free blocks, went through three frames that each saved and
+// restored registers.
 void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
   if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) {

@@ -29,9 +29,8 @@ void set_foreign_handlers(const ForeignHandlers& handlers) noexcept;
 // All noexcept: the override layer is built with exceptions, and a call from a noexcept
 // function to one that might throw could not be a tail call.
 void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept;
-// free_slow takes what the fast path already holds, in the registers it holds them in: p's
-// page and the calling thread's heap.
-void free_slow(void* p, Page* page, Heap* self) noexcept;
+// free_slow takes what the fast path already holds, in the register it holds it in: p's page.
+void free_slow(void* p, Page* page) noexcept;
 // A live large block goes back (the heap profile forgets it if it holds it).
 void free_large(LargeHeader* header);
 
@@ -48,19 +47,21 @@ bool trim_all() noexcept;
 // In debug mode tls_heap is &g_empty_heap, with no block to pop and no page to own, so both
 // fast paths fall through to the checked slow paths at no cost when debug mode is off.
 TRAY_INLINE void* alloc_untracked(size_t size) noexcept {
-  void* p = nullptr;
   Heap* heap = tls_heap;
-  if (TRAY_LIKELY(size <= kLookupLimitBytes)) p = heap_pop(heap, heap->class_of_size[size], size);
-  else if (size <= kMaxSmallBytes) p = heap_pop(heap, size_class_coarse(size), size);
-  if (TRAY_LIKELY(p != nullptr)) return p;
-  return alloc_slow(size, 0, false);
+  size_t slot_index;
+  if (TRAY_LIKELY(size <= kLookupLimitBytes)) slot_index = heap->slot_of_size[size];
+  else if (size <= kMaxSmallBytes) slot_index = slot_of_coarse(size);
+  else return alloc_slow(size, 0, false);
+  if (void* p = heap_pop_at(heap, slot_index); TRAY_LIKELY(p != nullptr)) return p;
+  // &g_empty_heap: the thread's first request, or debug mode.
+  if (TRAY_UNLIKELY(heap == &g_empty_heap)) return alloc_slow(size, 0, false);
+  return heap_malloc_miss(heap, slot_index, size);
 }
 
 TRAY_INLINE void dealloc_untracked(void* p) noexcept {
   Page* page = unit_page_of(p);
-  Heap* heap = tls_heap;
-  if (TRAY_LIKELY(heap_free_own(heap, page, p))) return;
-  free_slow(p, page, heap);
+  if (TRAY_LIKELY(heap_free_own(page, p))) return;
+  free_slow(p, page);
 }
 
 // malloc and free. The same fast paths, unless a TRAY_VALGRIND or TRAY_ASAN build tells a tool

@@ -77,9 +77,8 @@ ProgramHeap* release_blocks(tray_heap_t* handle, const char* call) {
   return heap;
 }
 
-// tray_heap_malloc's slow paths. After a failed pop from the part the thread used last (live,
-// and the heap's), the countdown has counted this request (heap_pop): the refill takes it from
-// there, as malloc's does, where popping again would count it twice.
+// tray_heap_malloc's slow path, after a failed pop from the part the thread used last (live,
+// and the heap's): malloc's, with the part as the thread's target.
 TRAY_NOINLINE void* refill_into(Heap* part, size_t size) {
   Heap* previous = program_target(part);
   void* p = alloc_slow(size, 0, false);
@@ -129,7 +128,7 @@ TRAY_EXPORT void* tray_heap_malloc(tray_heap_t* handle, size_t size) {
   if (!kTrackBlocks && part != nullptr && size <= kMaxSmallBytes &&
       part->program.load(std::memory_order_relaxed) == reinterpret_cast<ProgramHeap*>(handle) &&
       !part->checked) {
-    if (void* p = heap_pop(part, heap_class_of(part, size), size); TRAY_LIKELY(p != nullptr)) return p;
+    if (void* p = heap_pop(part, heap_slot_of(part, size)); TRAY_LIKELY(p != nullptr)) return p;
     return refill_into(part, size);
   }
   return malloc_into(handle, size);

@@ -86,6 +86,10 @@ void fork_release_child() {
   purger_after_fork_child();
   report_after_fork_child();
   if (!g_fork_locked) return;
+  // The parent's other threads are gone, and the child's new threads may get their thread
+  // pointers: their heaps' pages must not let those threads' fast paths in.
+  heap_forget_threads_after_fork(os::thread_pointer());
+  segment_forget_owner_threads(os::thread_pointer());
   fork_release();
   os::reset_stdio_after_fork_child();
 }

@@ -398,11 +398,13 @@ void* alloc_small(unsigned size_class, size_t size, bool zero) {
   if (heap == nullptr) return nullptr;
   auto* block = static_cast<uint8_t*>(heap_alloc_from(heap, size_class, size));
   if (block == nullptr) return nullptr;
+  heap_count_allocation(heap, size_class, size);
   Page* page = unit_page_of(block);
   // The pop just followed this block's link: it must lead to a free block of the page.
-  if (!link_is_valid(page, page->free)) {
-    const Block* link = page->free;
-    page->free = list_end();  // the rest of the list is lost, but never handed out
+  AllocSlot& slot = heap->slots[size_class];
+  if (!link_is_valid(page, slot.head)) {
+    const Block* link = slot.head;
+    slot.head = list_end();  // the rest of the list is lost, but never handed out
     report_broken_link(block, page, link);
   }
   uint32_t* states = states_of(page);

@@ -23,9 +23,10 @@ struct Heap;
 struct EventHandlers {
   // Starts the purger thread (purge/); called by purger_poll when it is wanted.
   void (*start_purger)();
-  // The samplers in `fired` (Sampler bits, heap/types.hpp) chose this allocation: a block
-  // they place themselves, or nullptr to allocate as usual (sample/).
-  void* (*sampled_alloc)(unsigned fired, size_t size, size_t alignment, bool zero);
+  // The samplers in `fired` (Sampler bits, heap/types.hpp) chose this allocation of `size`
+  // bytes, which their countdown counted as `sampled_bytes` (a small request, its class's
+  // block size): a block they place themselves, or nullptr to allocate as usual (sample/).
+  void* (*sampled_alloc)(unsigned fired, size_t size, size_t sampled_bytes, size_t alignment, bool zero);
   // The calling thread now holds `heap` (heap_attach_thread, outside every lock): it is to be
   // detached when the thread ends; the first one also sets the process up (the thread-exit
   // key, the fork handlers: api/process.cpp).
@@ -91,10 +92,13 @@ TRAY_INLINE void purger_expect() {
 // held, and the calling thread's heap consistent), so on allocation slow paths only, never in
 // a free: glibc frees a finished thread's TLS while it holds the lock on its stack cache
 // (pthread_join), which pthread_create takes too.
-TRAY_INLINE void purger_poll() {
-  if (TRAY_UNLIKELY(g_purger_state.load(std::memory_order_relaxed) == PurgerState::kWanted) &&
-      tls_purger_holds == 0)
-    g_events.start_purger();
+// True if it tried to start it (and so allocated).
+TRAY_INLINE bool purger_poll() {
+  if (TRAY_LIKELY(g_purger_state.load(std::memory_order_relaxed) != PurgerState::kWanted) ||
+      tls_purger_holds != 0)
+    return false;
+  g_events.start_purger();
+  return true;
 }
 
 }  // namespace tray

@@ -8,9 +8,10 @@
 // the block before, decodes to an address no one chose: a multiplication carries a change in any
 // byte into every byte above it, so even a byte or two written over the link's low end leaves
 // the decoded address far outside the page. The fast path's test for "list empty" is
-// `head >= Page::limit` (the list ends in list_end(), above every page), so a decoded address past
-// the page's end falls into the same branch, where heap_check_head names it. A link the program
-// overwrote with zero decodes to zero and the next allocation of the class faults on it.
+// `head >= limit` (the list ends in list_end(), above every page), so a decoded address past the
+// page's end falls into the same branch, where the slow path names it (heap.cpp, check_slot).
+// A link the program overwrote with zero decodes to zero and the next allocation of the class
+// faults on it.
 //
 // Block starts. A free must name a block's first byte: the offset into the page times
 // Page::start_divisor (2^64 / block size, rounded up) is below that divisor, modulo 2^64,
@@ -53,10 +54,14 @@ TRAY_INLINE Block* link_encode(const Page* page, Block* target) {
     return reinterpret_cast<Block*>(reinterpret_cast<uintptr_t>(target) * page->link_key);
   return target;
 }
-TRAY_INLINE Block* link_decode(const Page* page, Block* stored) {
-  if constexpr (kHardening)
-    return reinterpret_cast<Block*>(reinterpret_cast<uintptr_t>(stored) * page->link_unkey);
+// With the page's inverse key at hand (a class's slot holds a copy, heap/types.hpp).
+TRAY_INLINE Block* link_decode_with(uint64_t unkey, Block* stored) {
+  if constexpr (kHardening) return reinterpret_cast<Block*>(reinterpret_cast<uintptr_t>(stored) * unkey);
+  (void)unkey;
   return stored;
+}
+TRAY_INLINE Block* link_decode(const Page* page, Block* stored) {
+  return link_decode_with(page->link_unkey, stored);
 }
 TRAY_INLINE void link_store(const Page* page, Block* block, Block* target) {
   block->next = link_encode(page, target);
@@ -78,16 +83,6 @@ TRAY_INLINE bool link_in_page(const Page* page, const Block* link) {
 // The free list's head failed the fast path's test and is not the list's end: a link that
 // decoded out of the page. `holder` is the block it was read from, when known.
 [[noreturn]] TRAY_COLD void report_corrupted_list(const Page* page, const void* link, const void* holder);
-
-// Stops the program if the head of page's list is not the end and not one of its blocks. The
-// list is cut first: what the report allocates must not meet the broken link again.
-TRAY_INLINE void heap_check_head(Page* page) {
-  Block* head = page->free;
-  if (TRAY_UNLIKELY(head != list_end() && reinterpret_cast<uintptr_t>(head) >= page->limit)) {
-    page->free = list_end();
-    report_corrupted_list(page, head, nullptr);
-  }
-}
 
 // The page of `target`, a block of owner's reached through the link that `holder` holds
 // (nullptr: a list head the allocator keeps itself), checked in full where links lead from one

@@ -8,6 +8,7 @@
 #include "heap/page.hpp"
 #include "heap/program.hpp"
 #include "heap/queue.hpp"
+#include "heap/refill.hpp"
 #include "heap/remote.hpp"
 #include "heap/sample_countdown.hpp"
 #include "heap/sparse.hpp"
@@ -52,6 +53,7 @@ os::Mutex g_collect_lock;
 bool release_empty_pages(Heap* heap) {
   remote_drain(heap);
   if (heap->checked) return false;
+  heap_settle(heap);  // a slot's blocks are free blocks of its page
   bool released = false;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     for (Page* page = heap->queues[c].head; page != nullptr;) {
@@ -135,7 +137,9 @@ uint64_t collect_parked(bool every_heap, bool* released) {
   return due;
 }
 
-void maybe_collect_parked() {
+}  // namespace
+
+void heap_collect_parked_when_due() {
   if (g_totals.heaps_abandoned.load(std::memory_order_relaxed) == 0) return;
   const uint64_t now = os::now_ms();
   uint64_t last = g_last_collect_ms.load(std::memory_order_relaxed);
@@ -145,38 +149,7 @@ void maybe_collect_parked() {
   collect_parked(false, &released);
 }
 
-// The queue's first page with a block to give, floating the full ones it passes: a full page
-// leaves the queue until a free lands in it, so scans never walk over full pages twice.
-Page* find_page(Heap* heap, unsigned c) {
-  for (Page* page = heap->queues[c].head; page != nullptr;) {
-    Page* next = page->next;
-    if (page->free == list_end() && page_can_extend(page)) page_extend(page);
-    if (page->free == list_end()) sparse_refill(page);
-    if (page->free != list_end()) {
-      heap_check_head(page);  // the fast path's failed test may have been a corrupted link
-      if (page != heap->queues[c].head) {
-        queue_remove(heap, page);
-        queue_push_front(heap, page);
-      }
-      return page;
-    }
-    page_float(heap, page);
-    page = next;
-  }
-  // Before taking a page: blocks held back for their owners may be what another heap needs
-  // to avoid taking one too. Not on every slow path: in classes whose pages hold few blocks
-  // that would send batches of two or three, one compare-and-swap each. So may whole pages
-  // that owners which stopped taking their blocks in would not give back.
-  remote_flush_and_reclaim(heap);
-  maybe_collect_parked();
-  sparse_pass(heap, false);
-  // The class grows: a moment when its live count is at a high.
-  heap_sample_peak(c);
-  if (TRAY_UNLIKELY(heap->kind == OwnerKind::kPart)) program_check_alive(heap);
-  Page* page = page_acquire(heap, c);
-  if (page != nullptr) queue_push_front(heap, page);
-  return page;
-}
+namespace {
 
 // A parked heap keeps at most kHeapRetainedBytes of empty pages, the pages its classes were
 // allocating from counted in: those are not `retained`, and in classes of big blocks (pages of
@@ -187,7 +160,7 @@ void trim_parked_empty(Heap* heap) {
   if (heap->checked) return;
   size_t kept = heap->retained_bytes;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
-    Page* page = heap->direct[c];
+    Page* page = class_page(heap, c);
     if (page == &g_empty_page || page->retained || live_blocks(heap, page) != 0) continue;
     const size_t bytes = size_t(page->unit_count) * kUnitBytes;
     if (kept + bytes <= kHeapRetainedBytes) kept += bytes;
@@ -208,6 +181,7 @@ Heap* heap_new_locked(OwnerKind kind = OwnerKind::kThread) {
   }
   Heap* heap = new (g_meta_cursor) Heap(&g_empty_page);
   heap->kind = kind;
+  heap_set_checked(heap, false);
   g_meta_cursor += bytes;
   span_cache_register(&heap->span_cache);
   count_add(g_totals.heaps_created, 1);
@@ -222,63 +196,14 @@ Heap* heap_create_part(bool checked) {
   os::LockGuard guard(g_heaps_lock);
   Heap* heap = heap_new_locked(OwnerKind::kPart);
   if (heap == nullptr) return nullptr;
-  heap->checked = checked;
+  heap_set_checked(heap, checked);
   return heap;
-}
-
-namespace {
-
-// The thread's first allocation: a heap first.
-TRAY_NOINLINE void* first_malloc_slow(unsigned size_class, size_t size) {
-  Heap* heap = heap_attach_thread(HeapUse::kFastPaths);
-  if (heap == nullptr) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  return heap_malloc_slow(heap, size_class, size);
-}
-
-// Not in heap_refill_pop, which prof calls under its lock: the purger's start allocates.
-// Before the refill, so that the refill is a tail call: the heap is consistent and no lock is
-// held here as after it.
-TRAY_INLINE void* poll_and_refill(Heap* heap, unsigned size_class) {
-  purger_poll();
-  return heap_refill_pop(heap, size_class);
-}
-
-// A request the samplers have a say in (sample_small_quiet), apart: inline, the calls it may
-// make had every slow path save and restore five registers.
-TRAY_NOINLINE void* sampled_malloc_slow(Heap* heap, unsigned size_class, size_t size) {
-  if (void* sampled = sample_small_slow(heap, size_class, size); sampled != nullptr) return sampled;
-  return poll_and_refill(heap, size_class);
-}
-
-}  // namespace
-
-// A page switch, every few allocations where pages hold few free blocks (rptest), went through
-// three frames; now alloc_slow and this one reach heap_refill_pop by tail calls.
-void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept {
-  if (TRAY_UNLIKELY(heap == &g_empty_heap)) return first_malloc_slow(size_class, size);
-  if (TRAY_UNLIKELY(!sample_small_quiet(heap, size_class, size)))
-    return sampled_malloc_slow(heap, size_class, size);
-  return poll_and_refill(heap, size_class);
-}
-
-void* heap_refill_pop(Heap* heap, unsigned size_class) noexcept {
-  if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(heap);
-  Page* page = find_page(heap, size_class);
-  if (page == nullptr) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  // find_page leaves the page at the head of its queue, where the fast path pops from.
-  TRAY_ASSERT(heap->direct[size_class] == page && page->free != list_end());
-  return page_pop(heap, page, size_class);
 }
 
 void heap_page_event(Heap* heap, Page* page) noexcept {
   if (page->floating) page_unfloat(heap, page);
   if (page->used == 0) {  // never the head: its extra count keeps it above zero
+    page_account(heap, page);
     const size_t bytes = size_t(page->unit_count) * kUnitBytes;
     if (heap->retained_bytes + bytes <= kHeapRetainedBytes || heap->checked) {
       page->retained = true;
@@ -309,7 +234,9 @@ TRAY_NOINLINE void free_remote_unusual(Page* page, Block* block) {
   // program heap's blocks, and gathers nothing for other owners.
   Heap* self = tls_heap->kind == OwnerKind::kPart ? tls_own_heap : tls_heap;
   if (page->owner_kind == OwnerKind::kPart) return program_free_block(self, page, block, false);
-  heap_count_free(self, page);
+  // A block of the thread's own heap (freed while a program heap is its default) is counted
+  // with its page (page_account), as the fast path's frees are.
+  if (page->heap != self || heap_counts_at_call(self)) heap_count_free(self, page);
   if (TRAY_UNLIKELY(page->owner_kind == OwnerKind::kLocked)) return g_locked_heap_free(block);
   heap_free_block(self, page, block);
   if (has_remote_frees(self)) remote_drain(self);
@@ -326,17 +253,20 @@ void heap_free_remote(Page* page, Block* block) noexcept {
   // A block of a program heap freed by the thread that allocated it, with another heap as its
   // default: what the fast path does, one test later.
   if (page->owner_kind == OwnerKind::kPart && owner->bound.load(std::memory_order_relaxed) == tls_own_heap &&
-      tls_own_heap != nullptr) {
-    count_free(owner, page);
+      tls_own_heap != nullptr)
     return page_free_local(owner, page, block);
-  }
   if (TRAY_UNLIKELY(self == &g_empty_heap || owner == self ||
                     page->owner_kind != OwnerKind::kThread || self->kind != OwnerKind::kThread))
     return free_remote_unusual(page, block);
-  count_free(self, page);
+  counter_add(self->counters.frees[page->size_class], 1);
   counter_add(self->counters.remote_frees, 1);
   if (TRAY_UNLIKELY(has_remote_frees(self))) return send_and_take_in(self, page, block);
   remote_send(self, page, block);
+}
+
+void heap_free_home(Heap* self, Page* page, Block* block) noexcept {
+  free_key_check_and_set(page, block);
+  page_free_local(self, page, block);
 }
 
 void heap_count_free(Heap* self, const Page* page) noexcept {
@@ -345,7 +275,7 @@ void heap_count_free(Heap* self, const Page* page) noexcept {
     count_add(g_totals.unowned_remote_frees, 1);
     return;
   }
-  count_free(self, page);
+  counter_add(self->counters.frees[page->size_class], 1);
   // A block of a part bound to this thread is its own, even while another heap is its default.
   if (page->heap != self && page->heap->bound.load(std::memory_order_relaxed) != self)
     counter_add(self->counters.remote_frees, 1);
@@ -379,9 +309,10 @@ Heap* heap_attach_thread(HeapUse use) {
   // Set on a new heap only: debug mode is fixed before the first heap, so an adopted one has
   // it already, and other threads' frees into it read it (remote.cpp) while it is adopted.
   const bool checked = use == HeapUse::kChecked;
-  if (heap->checked != checked) heap->checked = checked;
+  if (heap->checked != checked) heap_set_checked(heap, checked);
   if (!checked) {
     tls_heap = heap;
+    heap_set_owner_thread(heap, os::thread_pointer());
     span_cache_attach(&heap->span_cache);
   }
   if (!tls_in_purger) count_add(g_totals.threads_attached, 1);
@@ -401,9 +332,12 @@ Heap* heap_create_locked(void (*free_block)(Block*)) {
 // The heap keeps its retained empty pages: the next thread to start adopts them with the heap,
 // instead of taking them back from the pool (collect_parked gives them back if none comes).
 void heap_detach_thread(Heap* heap) {
+  // First: the thread pointer may come back for a thread created after this one ends.
+  heap_set_owner_thread(heap, 0);
   program_detach_thread(heap);
   remote_flush(heap);
   remote_drain(heap);
+  heap_settle(heap);
   trim_parked_empty(heap);
   if (tls_span_cache == &heap->span_cache) span_cache_attach(nullptr);
   if (tls_heap == heap) tls_heap = &g_empty_heap;
@@ -428,7 +362,6 @@ bool heap_threads_attached() {
 }
 
 void heap_sample_peak(unsigned size_class) {
-#if TRAY_STATS_COUNTERS
   ClassTotals& totals = g_totals.classes[size_class];
   uint64_t live = 0;
   for (const Heap* heap = heap_list(); heap != nullptr; heap = heap->next_created)
@@ -438,9 +371,6 @@ void heap_sample_peak(unsigned size_class) {
   // Counters read while their threads run can be a little off, or even add up to less than
   // zero for a moment; a peak is only a high-water mark, so such a sample is skipped.
   if (int64_t(live) > 0) count_max(totals.peak_live_blocks, live);
-#else
-  (void)size_class;
-#endif
 }
 
 const Heap* heap_list() { return g_all_heaps.load(std::memory_order_acquire); }
@@ -479,6 +409,11 @@ uint64_t heap_collect_idle() {
 void heap_lock_for_fork() {
   g_collect_lock.lock();
   g_heaps_lock.lock();
+}
+
+void heap_forget_threads_after_fork(uintptr_t keep) {
+  for (Heap* heap = g_all_heaps.load(std::memory_order_relaxed); heap != nullptr; heap = heap->next_created)
+    if (heap->owner_thread != keep) heap->owner_thread = 0;
 }
 
 // In the child, threads other than the forking one do not exist. Their heaps may have been

@@ -12,6 +12,7 @@
 #include "heap/hardening.hpp"
 #include "heap/page.hpp"
 #include "heap/program.hpp"
+#include "heap/queue.hpp"
 #include "heap/remote.hpp"
 #include "heap/sample_countdown.hpp"
 #include "heap/sparse.hpp"
@@ -30,20 +31,33 @@ extern __thread Heap* tls_heap;
 extern __thread Heap* tls_own_heap;
 // A heap with no pages: every class points at an empty page, so the fast path of a thread
 // that has no heap yet falls into the slow path without a test of its own.
-extern constinit Heap g_empty_heap;
+extern TRAY_HIDDEN constinit Heap g_empty_heap;
 
 // Slow path of a small allocation: remote frees, then the class queue, then a new page; for
 // &g_empty_heap, the thread's first allocation (size is what the caller asked for).
 // nullptr when out of memory.
 void* heap_malloc_slow(Heap* heap, unsigned size_class, size_t size) noexcept;
-// The slow path after sampling: remote frees, then the class queue, then a new page. Also how
-// a heap that no thread owns (prof.cpp's) allocates, under its user's lock.
+// malloc's pop from the slot at slot_index of `heap` (the thread's own, not &g_empty_heap)
+// failed: the slot is dry, at a sample point, or its list corrupted. Refills it, from the
+// class's page where it can, else as heap_malloc_slow does.
+void* heap_malloc_miss(Heap* heap, size_t slot_index, size_t size) noexcept;
+// Refills the class's slot and pops: a sample point, remote frees, the class queue, a new
+// page. Also how a heap that no thread owns (prof.cpp's) allocates, under its user's lock.
 void* heap_refill_pop(Heap* heap, unsigned size_class) noexcept;
 // A local free left the page empty, or landed in a full (floating) page.
 void heap_page_event(Heap* heap, Page* page) noexcept;
 // A free of a block of `page` (a page with an owner) that the fast path could not do: a block
 // of another heap, or of the calling thread's before it has a heap.
 void heap_free_remote(Page* page, Block* block) noexcept;
+// free() of a block of `self`'s own page (self is the calling thread's heap) that the fast
+// path left: the page floats, or the checks refused the free (reported here).
+void heap_free_home(Heap* self, Page* page, Block* block) noexcept;
+// Counts an allocation of `size` bytes from class size_class of a heap that counts them at the
+// call (heap_counts_at_call: debug mode's, the heap profile's).
+TRAY_INLINE void heap_count_allocation(Heap* heap, unsigned size_class, size_t size) {
+  counter_add(heap->counters.allocations[size_class], 1);
+  counter_add(heap->counters.requested_bytes[size_class], size);
+}
 // Counts a free of a block of `page` by the thread whose heap is `self` (&g_empty_heap for a
 // thread without one). Separate from heap_free_block: debug mode counts at the program's
 // free, and gives the block back only when it leaves quarantine.
@@ -88,24 +102,11 @@ uint64_t heap_collect_idle();
 // exist there.
 void heap_lock_for_fork();
 void heap_unlock_after_fork();
+// In a forked child: heaps of threads other than `keep` have no thread any more (their pages:
+// segment_forget_owner_threads).
+void heap_forget_threads_after_fork(uintptr_t keep);
 
-// The requested bytes were counted by the class's sampling countdown (heap_pop).
-TRAY_INLINE void count_allocation(Heap* heap, size_t size_class) {
-#if TRAY_STATS_COUNTERS
-  counter_add(heap->counters.allocations[size_class], 1);
-#else
-  (void)heap, (void)size_class;
-#endif
-}
-
-TRAY_INLINE void count_free(Heap* heap, const Page* page) {
-#if TRAY_STATS_COUNTERS
-  counter_add(heap->counters.frees[page->size_class], 1);
-#else
-  (void)heap, (void)page;
-#endif
-}
-
+// A free by the page's owner thread. Not counted: page_account counts it on a slow path.
 TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept {
   link_store(page, block, page->free);
   page->free = block;
@@ -114,39 +115,49 @@ TRAY_INLINE void page_free_local(Heap* heap, Page* page, Block* block) noexcept 
   if (TRAY_UNLIKELY(--page->used == 0)) heap_page_event(heap, page);
 }
 
-TRAY_INLINE void* page_pop(Heap* heap, Page* page, size_t size_class) noexcept {
-  Block* block = page->free;
+// The slot at `slot_index` (a class times kSlotIndexScale) as one address computation: the
+// table holds the index ready, and the heap, the index and the field make one operand.
+TRAY_INLINE AllocSlot& slot_at(Heap* heap, size_t slot_index) {
+  return *reinterpret_cast<AllocSlot*>(reinterpret_cast<uintptr_t>(heap->slots) + slot_index * 8);
+}
+
+// Each field is reached from the heap and the index on its own (TRAY_OPAQUE), rather than
+// through one `lea` of the slot's address: one instruction less. The index is the caller's
+// own variable, so that a caller that passes it on after a miss holds it in one register.
+TRAY_INLINE void* heap_pop_at(Heap* heap, size_t& slot_index) noexcept {
+  Block* block = slot_at(heap, slot_index).head;
   TRAY_IN_REG(block, "a");
-  // Checked by the next pop, whose test against the page's limit it must pass.
-  page->free = link_load(page, block);
+  TRAY_OPAQUE(slot_index);
+  // The list's end and a link that decoded out of the page both lie at or past its limit
+  // (hardening.hpp), and the shared empty page's limit is 0: one test for all three.
+  if (TRAY_UNLIKELY(reinterpret_cast<uintptr_t>(block) >= slot_at(heap, slot_index).limit))
+    return nullptr;
+  TRAY_OPAQUE(slot_index);
+  // Checked by the next pop, whose test against the limit it must pass.
+  Block* next = link_decode_with(slot_at(heap, slot_index).unkey, block->next);
+  TRAY_OPAQUE(slot_index);
+  slot_at(heap, slot_index).head = next;
   free_key_clear(block);
-  ++page->used;
-  count_allocation(heap, size_class);
   return block;
 }
 
-// Pops a block of class size_class from the heap's current page; nullptr when that page has
-// none ready (or the heap is &g_empty_heap, or the page's list is corrupted), or when this
-// request is the one to sample (the sample countdown runs out): the caller's slow path sorts
-// them out.
-TRAY_INLINE void* heap_pop(Heap* heap, size_t size_class, size_t size) noexcept {
-  Page* page = heap->direct[size_class];
-  // The page, the countdown and the counter each index from the heap and the class on their
-  // own, rather than through one `lea` of a shared base (see TRAY_OPAQUE).
-  TRAY_OPAQUE(size_class);
-  // The list's end and a link that decoded out of the page both lie at or past its limit
-  // (hardening.hpp), and the shared empty page's limit is 0: one test for all three.
-  if (TRAY_UNLIKELY(reinterpret_cast<uintptr_t>(page->free) >= page->limit)) return nullptr;
-  if (TRAY_UNLIKELY(countdown_sub(heap->sample_countdown[size_class], int64_t(size)) < 0))
-    return nullptr;
-  TRAY_OPAQUE(size_class);
-  return page_pop(heap, page, size_class);
+// Pops a block from the slot at slot_index; nullptr when it has none ready (its list ran
+// dry, or the heap is &g_empty_heap, or the list is corrupted), for the caller's slow path to
+// sort out. Counts nothing: the slot counts its list once it is handed out.
+TRAY_INLINE void* heap_pop(Heap* heap, size_t slot_index) noexcept {
+  return heap_pop_at(heap, slot_index);
+}
+
+// The slot index for size <= kMaxSmallBytes, small sizes through the heap's copy of the table.
+TRAY_INLINE size_t heap_slot_of(const Heap* heap, size_t size) noexcept {
+  if (TRAY_LIKELY(size <= kLookupLimitBytes)) return heap->slot_of_size[size];
+  return slot_of_coarse(size);
 }
 
 // A block of class size_class from `heap`, for a request of `size` bytes; nullptr when out of
 // memory.
 TRAY_INLINE void* heap_alloc_from(Heap* heap, size_t size_class, size_t size) noexcept {
-  void* p = heap_pop(heap, size_class, size);
+  void* p = heap_pop(heap, size_class * kSlotIndexScale);
   if (TRAY_LIKELY(p != nullptr)) return p;
   return heap_malloc_slow(heap, unsigned(size_class), size);
 }
@@ -155,24 +166,25 @@ TRAY_INLINE void* heap_alloc_class(size_t size_class, size_t size) noexcept {
   return heap_alloc_from(tls_heap, size_class, size);
 }
 
-// The class for size <= kMaxSmallBytes, small sizes through the heap's copy of the table.
-TRAY_INLINE size_t heap_class_of(const Heap* heap, size_t size) noexcept {
-  if (TRAY_LIKELY(size <= kLookupLimitBytes)) return heap->class_of_size[size];
-  return size_class_coarse(size);
-}
-
 TRAY_INLINE void* heap_alloc_small(size_t size) noexcept {
   Heap* heap = tls_heap;
-  return heap_alloc_from(heap, heap_class_of(heap, size), size);
+  const size_t slot_index = heap_slot_of(heap, size);
+  void* p = heap_pop(heap, slot_index);
+  if (TRAY_LIKELY(p != nullptr)) return p;
+  return heap_malloc_slow(heap, unsigned(slot_index / kSlotIndexScale), size);
 }
 
-// Frees p into `page` if `heap` (tls_heap) owns it; false (nothing done) otherwise, and when
-// the checks fail (hardening.hpp): the slow path, which runs them again, reports.
-TRAY_INLINE bool heap_free_own(Heap* heap, Page* page, void* p) noexcept {
-  if (TRAY_LIKELY(page->heap == heap && free_key_passes(page, static_cast<Block*>(p)))) {
-    free_key_set(page, static_cast<Block*>(p));
-    count_free(heap, page);
-    page_free_local(heap, page, static_cast<Block*>(p));
+// Frees p into `page` if the calling thread's fast paths may (the page carries its thread
+// pointer: a page of its heap, or of a program heap's part bound to it, in a queue); false
+// (nothing done) otherwise, and when the checks fail (hardening.hpp): the slow path, which
+// runs them again, reports. The page's heap is read only if the free empties the page.
+TRAY_INLINE bool heap_free_own(Page* page, void* p) noexcept {
+  auto* block = static_cast<Block*>(p);
+  if (TRAY_LIKELY(page_owner_thread(page) == os::thread_pointer() && free_key_passes(page, block))) {
+    free_key_set(page, block);
+    link_store(page, block, page->free);
+    page->free = block;
+    if (TRAY_UNLIKELY(--page->used == 0)) heap_page_event(page->heap, page);
     return true;
   }
   return false;

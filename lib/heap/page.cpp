@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "heap/hardening.hpp"
+#include "heap/queue.hpp"
 #include "heap/sparse.hpp"
 #include "platform/platform.hpp"
 #include "segment/segment.hpp"
@@ -20,10 +21,12 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page->retained = false;
   page->warm = false;
   page->came_home = false;
+  page->cycled = false;
   page->scrubbed_used = 0;
   page->given_back = 0;
   page->capacity = 0;
   page->carved_before = 0;
+  page->accounted = 0;
   page->reserved = class_blocks_per_page(size_class);
   page->block_bytes = uint32_t(class_size(size_class));
   page->size_class = uint8_t(size_class);
@@ -31,6 +34,7 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page->heap = heap;
   page->heap_bucket = remote_bucket_of(heap);
   page->owner_kind = heap->kind;
+  page_set_owner_thread(page, heap->owner_thread);
   if (heap->kind == OwnerKind::kPart) counter_add(heap->page_units, page->unit_count);
   page_arm_checks(page);
   page_extend(page);
@@ -54,11 +58,13 @@ void page_release(Page* page) {
   sparse_forget(page);
   if (page->owner_kind == OwnerKind::kPart) counter_add(page->heap->page_units, -uint64_t(page->unit_count));
   page->heap = nullptr;
+  page_set_owner_thread(page, 0);
   page->owner_kind = OwnerKind::kThread;
   page->free = list_end();
   page->limit = 0;
   page->capacity = 0;
   page->used = 0;
+  page->accounted = 0;
   segment_return_page(page);
 }
 

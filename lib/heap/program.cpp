@@ -28,6 +28,7 @@ Heap* g_spare_parts = nullptr;
 
 void push_spare_part(Heap* part) {
   part->bound.store(nullptr, std::memory_order_relaxed);
+  heap_set_owner_thread(part, 0);
   os::LockGuard guard(g_spare_lock);
   part->next_part = g_spare_parts;
   g_spare_parts = part;
@@ -73,12 +74,14 @@ void unlink_bound(Heap* own, Heap* part) {
 // program's promise).
 void empty_part(Heap* part, bool keep, uint64_t* freed) {
   // Blocks freed earlier by other threads wait on the part's stack: back on their pages
-  // first, so that what is left on a page is its live blocks.
+  // first, and the slots' blocks too, so that what is left on a page is its live blocks; and
+  // the frees of the part's own thread are counted before the pages start afresh.
   remote_drain(part);
+  heap_settle(part);
   Page* heads[kSizeClassCount] = {};
   Page* pages = nullptr;  // every page, linked through `next`
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
-    if (keep && part->direct[c] != &g_empty_page) heads[c] = part->direct[c];
+    if (keep && class_page(part, c) != &g_empty_page) heads[c] = class_page(part, c);
     while (Page* page = part->queues[c].head) {
       freed[c] += live_blocks(part, page);
       queue_remove(part, page);
@@ -102,6 +105,7 @@ void empty_part(Heap* part, bool keep, uint64_t* freed) {
     pages = page->next;
     page->next = page->prev = nullptr;
     page->used = 0;
+    page->accounted = 0;
     page->retained = false;
     page->floating = false;
     if (page == heads[page->size_class]) continue;  // back at the head below
@@ -148,6 +152,7 @@ void count_emptied(ProgramHeap* heap, const uint64_t* freed) {
 // stay out: they come back when they leave it.
 void empty_checked_part(Heap* part, RetireBlock retire, uint64_t* freed) {
   remote_drain(part);
+  heap_settle(part);
   while (Page* page = part->full_pages) {
     part->full_pages = page->next;
     if (page->next != nullptr) page->next->prev = nullptr;
@@ -166,7 +171,7 @@ void empty_checked_part(Heap* part, RetireBlock retire, uint64_t* freed) {
         --page->used;
         ++freed[c];
       }
-      if (live_blocks(part, page) == 0 && page != part->direct[c] && !page->retained) {
+      if (live_blocks(part, page) == 0 && page != class_page(part, c) && !page->retained) {
         page->retained = true;
         part->retained_bytes += size_t(page->unit_count) * kUnitBytes;
       }
@@ -258,6 +263,7 @@ Heap* program_part(ProgramHeap* heap) {
     part->program.store(heap, std::memory_order_release);
   }
   part->bound.store(own, std::memory_order_relaxed);
+  heap_set_owner_thread(part, own->checked ? 0 : os::thread_pointer());
   part->next_bound = own->bound_parts;
   own->bound_parts = part;
   tls_last_part = part;
@@ -293,6 +299,7 @@ void program_heap_destroy(ProgramHeap* heap, RetireBlock retire) {
         unlink_bound(own, part);
         if (part == keeper) {
           part->bound.store(nullptr, std::memory_order_relaxed);
+          heap_set_owner_thread(part, 0);  // until the thread binds it for its next heap
           own->spare_part = part;
         } else {
           push_spare_part(part);
@@ -363,11 +370,13 @@ void program_detach_thread(Heap* own) {
   while (Heap* part = own->bound_parts) {
     own->bound_parts = part->next_bound;
     part->next_bound = nullptr;
+    heap_set_owner_thread(part, 0);
     if (ProgramHeap* program = part->program.load(std::memory_order_acquire); program != nullptr) {
       os::LockGuard guard(program->lock);
       // Still its heap's (no destroy came in between): unbound, for another thread to take,
-      // with its pages and the blocks on them.
+      // with its pages and the blocks on them, its counts exact meanwhile.
       if (part->program.load(std::memory_order_relaxed) == program) {
+        heap_settle(part);
         part->bound.store(nullptr, std::memory_order_relaxed);
         continue;
       }
@@ -417,13 +426,20 @@ bool program_heap_usage(const ProgramHeap* heap, ProgramHeapUsage* out) {
   out->serial = __atomic_load_n(&heap->serial, __ATOMIC_RELAXED);
   uint64_t units = 0;
   int64_t live[kSizeClassCount] = {};
+  const Heap* own = tls_own_heap;
   for (const Heap* part = heap_list(); part != nullptr; part = part->next_created) {
     if (part->kind != OwnerKind::kPart || part->program.load(std::memory_order_relaxed) != heap) continue;
-    if (part->bound.load(std::memory_order_relaxed) != nullptr) ++out->parts;
+    const Heap* bound = part->bound.load(std::memory_order_relaxed);
+    if (bound != nullptr) ++out->parts;
     units += counter_read(part->page_units);
+    // A part of the calling thread's is read exactly; another thread's counts what its slots
+    // hold as live, and not the frees into its pages since it last looked at them.
+    Uncounted uncounted;
+    if (bound == own && own != nullptr) heap_uncounted(part, &uncounted);
     for (unsigned c = 0; c < kSizeClassCount; ++c) {
       live[c] += int64_t(counter_read(part->counters.allocations[c]) - counter_read(part->base.allocations[c]));
       live[c] -= int64_t(counter_read(part->counters.frees[c]) - counter_read(part->base.frees[c]));
+      live[c] += int64_t(uncounted.allocations[c]) - int64_t(uncounted.frees[c]);
     }
   }
   for (unsigned c = 0; c < kSizeClassCount; ++c) {

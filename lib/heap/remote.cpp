@@ -118,10 +118,13 @@ TRAY_INLINE RemoteBucket& bucket_of(Heap* self, const Page* page) {
 }
 
 // Puts a run of `count` blocks, first..last, back on its page: page_free_local for many.
+// The senders counted these frees: the page's count of blocks out falls by the run without
+// page_account counting them again.
 void page_free_run(Heap* heap, Page* page, Block* first, Block* last, uint64_t count) {
   link_store(page, last, page->free);
   page->free = first;
   page->came_home = true;
+  page->accounted -= uint32_t(count);
   if (TRAY_UNLIKELY(page->floating)) {  // the first block back brings it into its queue
     page->used = 0;
     heap_page_event(heap, page);
@@ -381,7 +384,7 @@ void remote_free(Block* block, Page* page, Heap* self) noexcept {
   if (TRAY_UNLIKELY(bucket.target != owner || has_remote_frees(self)))
     return heap_free_remote(page, block);
   free_key_check_and_set(page, block);
-  count_free(self, page);
+  counter_add(self->counters.frees[page->size_class], 1);
   counter_add(self->counters.remote_frees, 1);
   bucket_append<false>(self, bucket, page, block);
 }
@@ -427,6 +430,7 @@ void remote_drain(Heap* heap) noexcept {
     if (room == Room::kNone) {
       Block* next = link_load(page, run);
       page->came_home = true;
+      --page->accounted;  // counted by its sender (page_free_run)
       page_free_local(heap, page, run);
       holder = run;
       run = next;

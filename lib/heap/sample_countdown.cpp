@@ -55,11 +55,7 @@ int64_t draw_interval(SampleState& state, int64_t mean) {
   return interval < double(kMaxIntervalBytes) ? int64_t(interval) : kMaxIntervalBytes;
 }
 
-// Stores that dumps read meanwhile (sample_requested_bytes), in the order they read them back.
-void store(int64_t& field, int64_t value) { __atomic_store_n(&field, value, __ATOMIC_RELAXED); }
-
-// What the stream counted down moves into `charged` before its countdown restarts. The
-// countdown is stored last, with release: a dump that sees it sees the other two as well.
+// The countdown restarts from the smallest interval left of the samplers that are on.
 void arm(Heap* heap, unsigned stream) {
   SampleState& state = heap->sampling;
   int64_t countdown = INT64_MAX;
@@ -67,9 +63,8 @@ void arm(Heap* heap, unsigned stream) {
     const int64_t left = state.left[stream][i];
     if (left >= 0 && left < countdown) countdown = left;
   }
-  store(state.charged[stream], state.charged[stream] + (state.armed[stream] - heap->sample_countdown[stream]));
-  store(state.armed[stream], countdown);
-  __atomic_store_n(&heap->sample_countdown[stream], countdown, __ATOMIC_RELEASE);
+  state.armed[stream] = countdown;
+  countdown_of(heap, stream) = countdown;
 }
 
 }  // namespace
@@ -96,7 +91,7 @@ unsigned sample_take(Heap* heap, unsigned stream) {
     return 0;
   }
   // The countdown is below zero, so this is more than what was left when it was armed.
-  const int64_t elapsed = state.armed[stream] - heap->sample_countdown[stream];
+  const int64_t elapsed = state.armed[stream] - countdown_of(heap, stream);
   unsigned fired = 0;
   for (unsigned i = 0; i < kSamplerCount; ++i) {
     int64_t& left = state.left[stream][i];
@@ -109,16 +104,6 @@ unsigned sample_take(Heap* heap, unsigned stream) {
   }
   arm(heap, stream);
   return tls_sampling_paused == 0 ? fired : 0;
-}
-
-uint64_t sample_requested_bytes(const Heap* heap, unsigned size_class) {
-  const SampleState& state = heap->sampling;
-  const int64_t countdown = __atomic_load_n(&heap->sample_countdown[size_class], __ATOMIC_ACQUIRE);
-  const int64_t armed = __atomic_load_n(&state.armed[size_class], __ATOMIC_RELAXED);
-  const int64_t charged = __atomic_load_n(&state.charged[size_class], __ATOMIC_RELAXED);
-  // Below zero only in a dump that met a re-arming half done (with the new `armed` and the
-  // old countdown), whose `charged` holds what was counted already.
-  return uint64_t(charged + (armed > countdown ? armed - countdown : 0));
 }
 
 size_t sample_class_alignment(unsigned size_class) {

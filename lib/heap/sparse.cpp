@@ -7,6 +7,7 @@
 #include "core/core.hpp"
 #include "heap/config.hpp"
 #include "heap/hardening.hpp"
+#include "heap/queue.hpp"
 #include "options/options.hpp"
 #include "platform/platform.hpp"
 #include "segment/segment.hpp"
@@ -357,7 +358,8 @@ bool sparse_pass(Heap* heap, bool force) {
     // churn, where each new thread adopts the pages of one that ended, lost a page fault per
     // OS page so). Only a class that went quiet gives its sparse pages back: quiet since the
     // last pass, or for sparse_delay_ms if that is longer.
-    Page* const head = heap->direct[c];
+    Page* const head = class_page(heap, c);
+    const AllocSlot& slot = heap->slots[c];
     if (head->warm || heads_restart) heap->sparse_class_busy_ms[c] = now;
     const bool class_busy =
         (head->warm || now - heap->sparse_class_busy_ms[c] < delay_ms) && !force;
@@ -365,8 +367,10 @@ bool sparse_pass(Heap* heap, bool force) {
     // hold most of what the class leaves behind: a class of 16 KiB and more has a head of
     // 128 KiB to 1 MiB (8 blocks), and the soak's heaps kept 8 MiB of them, nearly empty,
     // through every phase after the one that used them.
-    if (head->free != heap->sparse_head_free[c] || heads_restart) {
+    if (head->free != heap->sparse_head_free[c] || slot.head != heap->sparse_head_slot[c] ||
+        heads_restart) {
       heap->sparse_head_free[c] = head->free;
+      heap->sparse_head_slot[c] = slot.head;
       heap->sparse_head_since_ms[c] = now;
     }
     const bool head_idle = force || now - heap->sparse_head_since_ms[c] >= kSparseHeadIdleMs;
@@ -377,11 +381,15 @@ bool sparse_pass(Heap* heap, bool force) {
       page->warm = false;
       if ((page == head && !head_idle) || page->retained || ((warm || class_busy) && !force))
         continue;
+      // The head's blocks in its slot are free blocks of the page too: back on its list, for
+      // the next allocation to take in again.
+      if (page == head) slot_return(heap, c);
       if (!force && !worth_a_look(page, g)) continue;
       page->scrubbed_used = uint16_t(page->used);
       released |= scrub_page(page, g, give_back);
     }
     heap->sparse_head_free[c] = head->free;
+    heap->sparse_head_slot[c] = slot.head;
   }
   return released;
 }
@@ -424,7 +432,7 @@ bool any_given_back(const Page* page) {
 
 }  // namespace
 
-bool sparse_refill(Page* page) {
+bool sparse_refill_given_back(Page* page) {
   if (!any_given_back(page)) return false;
   const Geometry g = geometry();
   if (g.per_unit == 0) return false;

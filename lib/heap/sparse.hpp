@@ -16,8 +16,12 @@ namespace tray {
 // every page, the one allocated from included). True if anything went back.
 bool sparse_pass(Heap* heap, bool force);
 // Puts the blocks of the page's given-back OS pages back on its free list; false if it had
-// none. The page's owner, when the page has no other block to give.
-bool sparse_refill(Page* page);
+// none. The page's owner, when the page has no other block to give. Nearly every page never
+// gave an OS page back, and says so without a call.
+bool sparse_refill_given_back(Page* page);
+TRAY_INLINE bool sparse_refill(Page* page) {
+  return page->given_back && sparse_refill_given_back(page);
+}
 // The page goes back to the pool: nothing of it is recorded as given back any more. Stops the
 // program first if a given-back OS page was written since: a block on it was freed twice (its
 // key, which free checks, went with the OS page), and made the page look empty with a block

@@ -4,6 +4,7 @@
 //         are handed to the next thread that starts
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -32,18 +33,66 @@ inline constexpr unsigned kSamplerCount = 2;
 inline constexpr unsigned kSampleStreamLarge = kSizeClassCount;
 inline constexpr unsigned kSampleStreams = kSizeClassCount + 1;
 
-// A heap's sampling state beside its countdowns. Written by the owner thread only; `armed` and
-// `charged` are read by statistics dumps too (sample_requested_bytes).
+// A heap's sampling state beside its countdowns. Written and read by the owner thread only.
 struct SampleState {
   int64_t armed[kSampleStreams]{};    // the stream's countdown when it was last armed
-  int64_t charged[kSampleStreams]{};  // bytes the stream counted down before that
   int64_t left[kSampleStreams][kSamplerCount]{};  // per sampler: bytes to go when armed; <0: off
   uint64_t rng = 0;                   // xorshift state for the exponential draws
   uint32_t generation = 0;            // sample options generation the heap was armed for
 };
 
-// One queue of pages per size class; `direct[c]` is the head of queue c, or the shared empty
-// page, so that the fast path never tests for "no page".
+// The blocks a class hands out next, where malloc's fast path pops them without reading the
+// page: the free list of the class's page (`page`, its queue's head) moved here whole on a slow
+// path, with the page's limit and link key beside it. Blocks freed meanwhile by the owner go
+// onto the page's own list (Page::free), and come here when this list runs dry, so a pop
+// touches one line of the heap and a free one line of the page. `page` is the shared empty page
+// while the queue is empty; its limit of 0 fails every pop. 32 bytes, so that the class's
+// index times 4, which a byte holds, addresses it with the scale of 8 an instruction has.
+struct AllocSlot {
+  Block* head = nullptr;  // links encoded with the page's key; ends at list_end()
+  uintptr_t limit = 0;    // page->limit
+  uint64_t unkey = 1;     // page->link_unkey
+  Page* page = nullptr;
+};
+static_assert(sizeof(AllocSlot) == 32);
+inline constexpr unsigned kSlotIndexScale = sizeof(AllocSlot) / 8;  // slot index = class * 4
+static_assert(kSizeClassCount * kSlotIndexScale <= 256, "a slot index fits a byte");
+
+// What the slow paths keep for a class's slot, 32 bytes like the slot, so that the slot's
+// index addresses it too. Owner thread only.
+struct alignas(32) SlotBook {
+  // Bytes the thread may still allocate from the class before its next sampled allocation:
+  // each block the slot takes in is charged its bytes (heap.cpp, slot_install). INT64_MAX
+  // while no sampler is on, which no program allocates.
+  int64_t countdown = INT64_MAX;
+  // The blocks of the slot's list past a sample point: the first of them goes to the
+  // allocation the samplers pick, when the slot runs dry; nullptr when none is pending.
+  Block* sample_rest = nullptr;
+  uint32_t sample_rest_blocks = 0;
+  // The blocks the slot took in last (those it holds, those past a sample point, those handed
+  // out since), and the size of the request that made it take them in: counted as that many
+  // allocations of that size once they are all handed out (slot_count_load) or the rest go
+  // back to their page (slot_return).
+  uint32_t loaded = 0;
+  uint32_t request_bytes = 0;
+};
+static_assert(sizeof(SlotBook) == sizeof(AllocSlot));
+
+namespace detail {
+constexpr auto make_slot_of_coarse() {
+  std::array<uint8_t, kClassTables.class_of_coarse.size()> table{};
+  for (size_t i = 0; i < table.size(); ++i)
+    table[i] = uint8_t(kClassTables.class_of_coarse[i] * kSlotIndexScale);
+  return table;
+}
+}  // namespace detail
+// size_class_coarse's table with the classes times kSlotIndexScale, for the fast path.
+inline constexpr auto kSlotOfCoarse = detail::make_slot_of_coarse();
+TRAY_INLINE size_t slot_of_coarse(size_t size) {
+  return kSlotOfCoarse[(size + kCoarseStepBytes - 1) >> kCoarseStepShift];
+}
+
+// One queue of pages per size class; its head is the class's slot's page.
 struct PageQueue {
   Page* head = nullptr;
   Page* tail = nullptr;
@@ -88,23 +137,22 @@ inline uint8_t remote_bucket_of(const Heap* owner) {
 
 struct Heap {
   explicit constexpr Heap(Page* empty_page) {
-    for (auto& page : direct) page = empty_page;
-    for (unsigned stream = 0; stream < kSampleStreams; ++stream)
-      sample_countdown[stream] = sampling.armed[stream] = INT64_MAX;
+    for (auto& slot : slots) slot.page = empty_page;
+    for (unsigned stream = 0; stream < kSampleStreams; ++stream) sampling.armed[stream] = INT64_MAX;
     for (size_t size = 0; size <= kLookupLimitBytes; ++size)
-      class_of_size[size] = kClassTables.class_of_lookup[size];
+      slot_of_size[size] = uint8_t(kClassTables.class_of_lookup[size] * kSlotIndexScale);
   }
 
-  // Per stream (a size class, or kSampleStreamLarge), bytes the thread may still allocate
-  // before its next sampled allocation there: every allocation subtracts its size, and the one
-  // that takes it below zero goes to the slow path (sample_countdown.hpp). INT64_MAX while no sampler is
-  // on, which no program allocates. What a class counted down is its requested bytes.
-  int64_t sample_countdown[kSampleStreams];
-  Page* direct[kSizeClassCount];
-  // The size -> class table up to kLookupLimitBytes (size_classes.hpp), copied into every heap:
-  // the fast path reaches it from the heap pointer it holds, where the global table costs it
-  // one more instruction (loading the table's address).
-  uint8_t class_of_size[kLookupLimitBytes + 1];
+  // First, so that the fast path reaches them with small offsets from the heap pointer.
+  AllocSlot slots[kSizeClassCount];
+  // The size -> slot index table up to kLookupLimitBytes (the class times kSlotIndexScale),
+  // copied into every heap: the fast path reaches it from the heap pointer it holds, where a
+  // global table costs it one more instruction (loading the table's address).
+  uint8_t slot_of_size[kLookupLimitBytes + 1];
+  // What the slow paths keep for each class's slot, beside it (heap/types.hpp, SlotBook).
+  SlotBook books[kSizeClassCount];
+  // The countdown of kSampleStreamLarge (a class's is in its SlotBook).
+  int64_t large_countdown = INT64_MAX;
   PageQueue queues[kSizeClassCount];
   Heap* next_abandoned = nullptr;    // parked without a thread (g_parked in heap.cpp)
   uint64_t parked_ms = 0;            // when it was parked (written before it is)
@@ -116,11 +164,19 @@ struct Heap {
   // sparse pass), sends no run headers in free blocks, reclaims nothing from idle owners, and
   // samples nothing.
   bool checked = false;
+  // checked, or the heap profile's: its allocations and frees are counted when they are made
+  // (heap/queue.hpp, heap_counts_at_call). Set with `checked` and `kind`.
+  bool counts_at_call = false;
+  // The thread pointer of the thread whose fast paths use this heap (os::thread_pointer), which
+  // its queued pages carry (Page::owner_thread); 0 while none does (parked, checked, the heap
+  // profile's). Written by that thread, or by whoever binds or unbinds a part.
+  uintptr_t owner_thread = 0;
   size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
   uint64_t sparse_pass_ms = 0;       // the last pass over sparse pages (sparse.cpp)
-  // Per class, the head page's free list as a sparse pass last saw it, and since when the
-  // passes have seen it so: a head neither allocated from nor freed into for
-  // kSparseHeadIdleMs is looked at like the other pages (sparse.cpp).
+  // Per class, the slot's list and the head page's free list as a sparse pass last saw them,
+  // and since when the passes have seen them so: a head neither allocated from nor freed into
+  // for kSparseHeadIdleMs is looked at like the other pages (sparse.cpp).
+  Block* sparse_head_slot[kSizeClassCount] = {};
   Block* sparse_head_free[kSizeClassCount] = {};
   uint64_t sparse_head_since_ms[kSizeClassCount] = {};
   // Per class, when a sparse pass last saw it take a new page (sparse_delay_ms).

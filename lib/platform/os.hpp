@@ -98,6 +98,12 @@ bool address_space_limited();
 uint64_t random_u64();  // getrandom(2), or clock and addresses mixed where it is unavailable
 int process_id();
 int thread_id();      // gettid: async-signal-safe
+// The calling thread's thread pointer (x86-64: the %fs base, which glibc points at the
+// thread's own control block; arm64: TPIDR_EL0): one instruction, distinct for every live
+// thread, and never 0. A thread's pointer can come back for a thread created after it ends.
+TRAY_INLINE uintptr_t thread_pointer() {
+  return reinterpret_cast<uintptr_t>(__builtin_thread_pointer());
+}
 void yield_thread();  // sched_yield
 const char* env(const char* name);  // getenv: reads environ, never allocates
 // The executable's path (readlink of /proc/self/exe, not terminated); its length, or -1.

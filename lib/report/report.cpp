@@ -44,20 +44,40 @@ void end_dump() { g_dumping_thread.store(0, std::memory_order_release); }
 
 uint64_t load(const std::atomic<size_t>& counter) { return counter.load(std::memory_order_relaxed); }
 
+// What the calling thread's own heaps (its heap, and the parts of program heaps bound to it)
+// have not counted yet, found by a look: blocks handed out of their slots' current lists, and
+// frees into their pages. Other threads' heaps are read as their counters stand (GUIDE,
+// "Statistics": how far behind that can be while they run).
+void collect_own_heaps(Uncounted* out) {
+  const Heap* own = tls_own_heap;
+  if (own == nullptr) return;
+  heap_uncounted(own, out);
+  for (const Heap* part = own->bound_parts; part != nullptr; part = part->next_bound)
+    heap_uncounted(part, out);
+}
+
+// Every count a dump reads is at most the truth; the most any dump has read is too.
+uint64_t raise_to_reported(std::atomic<uint64_t>& reported, uint64_t now) {
+  count_max(reported, now);
+  return reported.load(std::memory_order_relaxed);
+}
+
 void collect_classes(tray_stats* out) {
   out->class_count = kSizeClassCount;
+  Uncounted own;
+  collect_own_heaps(&own);
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
-    heap_sample_peak(c);
     tray_class_stats& entry = out->classes[c];
     entry = tray_class_stats{};
     entry.block_bytes = class_size(c);
     entry.page_bytes = class_slab_units(c) * kUnitBytes;
     entry.blocks_per_page = class_blocks_per_page(c);
     const ClassTotals& totals = g_totals.classes[c];
-    entry.frees = totals.unowned_frees.load(std::memory_order_relaxed);
+    entry.frees = totals.unowned_frees.load(std::memory_order_relaxed) + own.frees[c];
     entry.pages = totals.pages.load(std::memory_order_relaxed);
     entry.peak_pages = totals.peak_pages.load(std::memory_order_relaxed);
-    entry.peak_live_blocks = totals.peak_live_blocks.load(std::memory_order_relaxed);
+    entry.allocations = own.allocations[c];
+    entry.requested_bytes = own.requested_bytes[c];
   }
   uint64_t remote_frees = load(g_totals.unowned_remote_frees);
   for (const Heap* heap = heap_list(); heap != nullptr; heap = heap->next_created) {
@@ -65,16 +85,22 @@ void collect_classes(tray_stats* out) {
     for (unsigned c = 0; c < kSizeClassCount; ++c) {
       out->classes[c].allocations += counter_read(counters.allocations[c]);
       out->classes[c].frees += counter_read(counters.frees[c]);
-      out->classes[c].requested_bytes += sample_requested_bytes(heap, c);
+      out->classes[c].requested_bytes += counter_read(counters.requested_bytes[c]);
     }
     remote_frees += counter_read(counters.remote_frees);
   }
   out->remote_frees = remote_frees;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     tray_class_stats& entry = out->classes[c];
-    // Threads that run on while we read can make frees overtake allocations for a moment.
+    ClassTotals& totals = g_totals.classes[c];
+    entry.allocations = raise_to_reported(totals.reported_allocations, entry.allocations);
+    entry.frees = raise_to_reported(totals.reported_frees, entry.frees);
+    entry.requested_bytes = raise_to_reported(totals.reported_requested_bytes, entry.requested_bytes);
+    // Frees may be counted where the allocations of other running threads are not yet.
     entry.live_blocks = entry.allocations > entry.frees ? entry.allocations - entry.frees : 0;
-    if (entry.peak_live_blocks < entry.live_blocks) entry.peak_live_blocks = entry.live_blocks;
+    std::atomic<uint64_t>& peak = g_totals.classes[c].peak_live_blocks;
+    count_max(peak, entry.live_blocks);
+    entry.peak_live_blocks = peak.load(std::memory_order_relaxed);
   }
 }
 

@@ -329,8 +329,8 @@ void* record_sample(size_t size, Place place_block) {
 
 }  // namespace
 
-void* prof_alloc(size_t size, size_t alignment, bool zero) {
-  return record_sample(size, [&] { return place(size, alignment, zero); });
+void* prof_alloc(size_t size, size_t sampled_bytes, size_t alignment, bool zero) {
+  return record_sample(sampled_bytes, [&] { return place(size, alignment, zero); });
 }
 
 void prof_large_resized(const void* old_block, LargeHeader* header, bool sampled) {

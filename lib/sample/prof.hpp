@@ -22,10 +22,13 @@ namespace tray {
 
 struct ProgramHeap;
 
-// sample_alloc's answer when the profile's sampler fired: a block placed and recorded here,
-// or nullptr (the caller then allocates as usual) when the stack cannot be taken yet (before
-// the library's constructor prepared the unwinder) or the tables are full.
-void* prof_alloc(size_t size, size_t alignment, bool zero);
+// sample_alloc's answer when the profile's sampler fired: a block of `size` bytes placed and
+// recorded here as `sampled_bytes` (the bytes the sampler counted for it: a small block's
+// class size, so that the profile's estimates, which weigh each sample by the chance of
+// those bytes being picked, are unbiased; jemalloc's profiles count size classes too), or
+// nullptr (the caller then allocates as usual) when the stack cannot be taken yet (before the
+// library's constructor prepared the unwinder) or the tables are full.
+void* prof_alloc(size_t size, size_t sampled_bytes, size_t alignment, bool zero);
 // fork() (api/process.cpp): the profile's lock.
 void prof_lock_for_fork();
 void prof_unlock_after_fork();

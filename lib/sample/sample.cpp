@@ -6,11 +6,11 @@ namespace tray {
 
 // Where both fired, a guarded slot goes first (a fault at the first stray access is worth more
 // than a record); the profile takes the allocation when no slot is free.
-void* sample_alloc(unsigned fired, size_t size, size_t alignment, bool zero) {
+void* sample_alloc(unsigned fired, size_t size, size_t sampled_bytes, size_t alignment, bool zero) {
   if (fired & kSamplerGuard) {
     if (void* block = guard_alloc(size, alignment, zero); block != nullptr) return block;
   }
-  if (fired & kSamplerProf) return prof_alloc(size, alignment, zero);
+  if (fired & kSamplerProf) return prof_alloc(size, sampled_bytes, alignment, zero);
   return nullptr;
 }
 

@@ -17,6 +17,7 @@ namespace {
 constexpr uint64_t kUsableUnits = ~uint64_t{1};  // unit 0 holds the header
 
 os::Mutex g_pool_lock;
+Segment* g_all_segments = nullptr;  // from joining the pool to leaving it, full ones included
 Segment* g_partial = nullptr;       // segments with at least one free unit
 Segment* g_cache = nullptr;         // empty, purged segments kept mapped
 size_t g_cache_count = 0;
@@ -42,6 +43,20 @@ void list_remove(Segment*& head, Segment* s) {
   else head = s->next;
   if (s->next != nullptr) s->next->prev = s->prev;
   s->next = s->prev = nullptr;
+}
+
+void all_segments_add(Segment* s) {
+  s->all_prev = nullptr;
+  s->all_next = g_all_segments;
+  if (g_all_segments != nullptr) g_all_segments->all_prev = s;
+  g_all_segments = s;
+}
+
+void all_segments_remove(Segment* s) {
+  if (s->all_prev != nullptr) s->all_prev->all_next = s->all_next;
+  else g_all_segments = s->all_next;
+  if (s->all_next != nullptr) s->all_next->all_prev = s->all_prev;
+  s->all_next = s->all_prev = nullptr;
 }
 
 uint64_t run_mask(unsigned first, unsigned count) {
@@ -72,6 +87,7 @@ Segment* segment_start(void* memory, uint64_t resident_units) {
   s->dirty_units = resident_units & kUsableUnits;
   s->dirty_since_ms = os::now_ms();
   s->next = s->prev = nullptr;
+  s->all_next = s->all_prev = nullptr;
   for (auto& page : s->pages) new (&page) Page();
   for (auto& states : s->debug_states) states = nullptr;
   for (auto& bits : s->sparse_purged) bits = 0;
@@ -132,6 +148,7 @@ namespace {
 
 // A segment from segment_map_new joins the pool.
 void pool_add_new(Segment* s) {
+  all_segments_add(s);
   list_push(g_partial, s);
   g_dirty_bytes += size_t(popcount64(s->dirty_units)) * kUnitBytes;
 }
@@ -220,6 +237,7 @@ void retire_if_empty(Segment* s, PoolWork& work) {
     g_cache = s;
     ++g_cache_count;
   } else {
+    all_segments_remove(s);
     s->next = work.unmap;
     work.unmap = s;
   }
@@ -506,6 +524,7 @@ bool segment_trim() {
     while (g_cache != nullptr) {
       Segment* s = g_cache;
       g_cache = s->next;
+      all_segments_remove(s);
       s->next = work.unmap;
       work.unmap = s;
     }
@@ -524,6 +543,7 @@ void* segment_give_empty(uint64_t* resident_units) {
         s = c;
     if (s == nullptr || s->dirty_units == 0) return nullptr;
     list_remove(g_partial, s);
+    all_segments_remove(s);
     const size_t dirty = size_t(popcount64(s->dirty_units));
     g_dirty_bytes -= dirty * kUnitBytes;
     *resident_units = s->dirty_units | 1;
@@ -543,6 +563,13 @@ void segment_offer_empty_chunks(EmptyChunkSource source, size_t empty, size_t sp
     g_source_empty_chunks.store(empty, std::memory_order_relaxed);
   if (g_source_spare_chunks.load(std::memory_order_relaxed) != spare)
     g_source_spare_chunks.store(spare, std::memory_order_relaxed);
+}
+
+void segment_forget_owner_threads(uintptr_t keep) {
+  for (Segment* s = g_all_segments; s != nullptr; s = s->all_next)
+    for (Page& page : s->pages)
+      if (page.owner_thread != keep && page.owner_thread != 0)
+        __atomic_store_n(&page.owner_thread, uintptr_t{0}, __ATOMIC_RELAXED);
 }
 
 void segment_lock_for_fork() { g_pool_lock.lock(); }

@@ -177,5 +177,10 @@ void segment_offer_empty_chunks(EmptyChunkSource source, size_t empty, size_t sp
 // The pool lock, for fork handlers.
 void segment_lock_for_fork();
 void segment_unlock_after_fork();
+// In a forked child, with the pool lock held (the fork handlers took it): every page that
+// carries the thread pointer of a thread other than `keep` (the one that forked, the child's
+// only thread) carries none. Those threads do not exist in the child, and their pointers come
+// back for threads the child creates (heap/queue.hpp, page_owner_thread).
+void segment_forget_owner_threads(uintptr_t keep);
 
 }  // namespace tray

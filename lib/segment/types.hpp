@@ -41,10 +41,14 @@ enum class OwnerKind : uint8_t {
 // that frees another's block reads only the second line, which its owner seldom writes.
 struct alignas(kCacheLineBytes) Page {
   // --- the owner's line: written by the owner thread; others read only `floating` (remote.cpp) ---
-  Block* free = nullptr;        // owner: blocks ready to hand out
-  // owner: blocks out of `free` (live or in the heap's remote list). A floating page (full,
-  // in no queue) holds 1 instead of its count, which is then `reserved`: the next free brings
-  // it to zero, so the free fast path needs one test for "now empty" and "was full" alike.
+  // owner: blocks freed into the page, for its class's slot to take in (heap/types.hpp,
+  // AllocSlot) when the page is the one the class allocates from, or becomes it.
+  Block* free = nullptr;
+  // owner: carved blocks neither on `free` nor on an OS page given back (heap/sparse.cpp):
+  // live, on their way back from another thread, or in the class's slot. The class's page
+  // carries one more (heap/queue.cpp). A floating page (full, in no queue) holds 1 instead of
+  // its count, which is then `reserved`: the next free brings it to zero, so the free fast
+  // path needs one test for "now empty" and "was full" alike.
   uint32_t used = 0;
   uint32_t capacity = 0;        // owner: blocks carved so far (the rest are untouched memory)
   // owner: full, and in no queue until a block comes back. Set last, with a release store: a
@@ -53,6 +57,9 @@ struct alignas(kCacheLineBytes) Page {
   bool retained = false;        // owner: empty, kept in its queue (counted in retained_bytes)
   bool warm = false;            // owner: allocated from since the last sparse pass (sparse.cpp)
   bool came_home = false;       // owner: took in blocks other threads freed since it was carved
+  // owner: full when a scan for blocks (heap/heap.cpp, find_page) last passed it, and sent to
+  // the back of its queue instead of floating: the next scan that finds it still full floats it.
+  bool cycled = false;
   uint16_t scrubbed_used : 15 = 0;  // owner: `used` when sparse.cpp last looked at it; 0: never
   // owner: some of its OS pages are given back (Segment::sparse_purged says which), so the
   // pages that have none, nearly all, need not read the segment header's line to know.
@@ -67,6 +74,10 @@ struct alignas(kCacheLineBytes) Page {
   // owner: blocks carved before the page was last carved afresh (page_recarve). Their memory
   // was written then, so the next extension carves them all at once.
   uint32_t carved_before = 0;
+  // owner: the page's count of blocks out (`used` without the class's extra one) when its
+  // heap last counted the frees into it (page_account in heap/queue.cpp): the frees of its
+  // owner's fast path since are the difference, counted without a counter of their own.
+  uint32_t accounted = 0;
   // --- the shared line: set when the page gets its owner, read by every thread that frees
   // one of its blocks ---
   alignas(kCacheLineBytes) Heap* heap = nullptr;  // owner; stable while any block of the page is live
@@ -84,6 +95,14 @@ struct alignas(kCacheLineBytes) Page {
   uint64_t link_key = 1;
   uint64_t start_divisor = 0;
   uint64_t start_bound = 0;
+  // The thread pointer (the address the CPU's thread register holds: %fs base, TPIDR_EL0) of
+  // the thread whose free fast path may put blocks back on this page: the thread that owns
+  // `heap`, while it does and the page is in one of its queues; 0 otherwise (a floating page,
+  // a parked heap's, a checked one's, the heap profile's). A thread pointer is unique among
+  // live threads, and free compares it with its own in one instruction where loading the
+  // thread's heap takes two. Written by whoever gives the heap or the page its thread, read
+  // by every free (heap/queue.cpp, heap_set_owner_thread).
+  uintptr_t owner_thread = 0;
 };
 static_assert(sizeof(Page) == 2 * kCacheLineBytes && kCacheLineBytes == 64);
 static_assert(offsetof(Page, prev) + sizeof(Page*) <= kCacheLineBytes && offsetof(Page, heap) == kCacheLineBytes,
@@ -99,6 +118,8 @@ struct Segment {
   uint64_t dirty_since_ms;   // when the oldest dirty unit became free
   Segment* next;             // pool list (segments with free units, or the cache)
   Segment* prev;
+  Segment* all_next;         // every segment of the pool (segment.cpp, g_all_segments)
+  Segment* all_prev;
   // pages[i] describes the page that starts at unit i; which page a unit belongs to is the
   // unit map's to say (segment.hpp). pages[0], the header unit's, stays empty and ownerless:
   // free units name it.

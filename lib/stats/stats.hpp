@@ -1,9 +1,12 @@
 // Counters. Process-wide ones are relaxed atomics bumped on slow paths (page and segment
-// turnover, large blocks, thread life cycle). Per-class allocation and free counts are kept in
-// each heap (HeapCounters) as plain integers that only the heap's thread writes, so the fast
-// path pays an add and no atomic; dumps add the heaps up. Per-class requested bytes cost the
-// fast path nothing of their own: they are what the class's sampling countdown counted down
-// (sample_requested_bytes).
+// turnover, large blocks, thread life cycle). Per-class counts of allocations and frees are
+// kept in each heap (HeapCounters) as plain integers that only the heap's thread writes, and
+// only on slow paths: a heap counts the blocks of its slots' lists once they are handed out
+// (every small allocation is a pop from a slot: heap/queue.hpp, slot_count_load), and the
+// frees its own thread made into its pages when a slow path next looks at the page
+// (page_account). So the counters never fall, and never run ahead of the truth; a dump adds
+// what the calling thread's own heaps have not counted yet (report/report.cpp). The fast
+// paths count nothing.
 #pragma once
 
 #include <atomic>
@@ -16,16 +19,17 @@
 #include "size_classes/size_classes.hpp"
 #include "stats/limit.hpp"
 
-// CMake TRAY_STATS=OFF compiles the per-heap counters out (to measure what they cost).
-#ifndef TRAY_STATS_COUNTERS
-#define TRAY_STATS_COUNTERS 1
-#endif
-
 namespace tray {
 
 struct HeapCounters {
+  // Blocks this heap's slots handed out, counted a slot's list at a time (slot_count_load).
   uint64_t allocations[kSizeClassCount] = {};
-  uint64_t frees[kSizeClassCount] = {};  // counted by the freeing thread, wherever the block lives
+  // Frees: of blocks of other heaps' pages, counted by the freeing thread when it frees them;
+  // of this heap's own blocks by its own thread, counted when a slow path looks at their page.
+  uint64_t frees[kSizeClassCount] = {};
+  // The bytes asked for, estimated: the request that made a slot take in a list stands for
+  // every block of the list (exact where every request of a class has one size).
+  uint64_t requested_bytes[kSizeClassCount] = {};
   uint64_t remote_frees = 0;             // frees of blocks that live in another heap
 };
 
@@ -42,21 +46,16 @@ TRAY_INLINE void counter_add(uint64_t& counter, uint64_t n) {
 TRAY_INLINE uint64_t counter_read(const uint64_t& counter) {
   return __atomic_load_n(&counter, __ATOMIC_RELAXED);
 }
-// The same for a sampling countdown: subtracts n and returns what is left.
-TRAY_INLINE int64_t countdown_sub(int64_t& countdown, int64_t n) {
-#if defined(TRAY_TSAN)
-  const int64_t left = __atomic_load_n(&countdown, __ATOMIC_RELAXED) - n;
-  __atomic_store_n(&countdown, left, __ATOMIC_RELAXED);
-  return left;
-#else
-  return countdown -= n;
-#endif
-}
 
 struct ClassTotals {
   std::atomic<uint64_t> pages{0};
   std::atomic<uint64_t> peak_pages{0};
   std::atomic<uint64_t> peak_live_blocks{0};
+  // The most each dump has reported: a dump from a thread sees its own heaps' uncounted
+  // allocations and frees, one from another thread does not, and reported counts never fall.
+  std::atomic<uint64_t> reported_allocations{0};
+  std::atomic<uint64_t> reported_frees{0};
+  std::atomic<uint64_t> reported_requested_bytes{0};
   std::atomic<uint64_t> unowned_frees{0};  // frees by threads that never had a heap
 };
 

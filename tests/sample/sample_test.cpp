@@ -34,8 +34,8 @@ class Sampling : public testing::Test {
     return size <= tray::kMaxSmallBytes ? tray::size_class_of(size) : tray::kSampleStreamLarge;
   }
 
-  // Charges `count` requests of `size` bytes the way heap_pop does; returns how many times
-  // each sampler fired.
+  // Charges `count` requests of `size` bytes one by one (a class's slot charges a block's bytes
+  // for each block it takes in); returns how many times each sampler fired.
   struct Fires {
     uint64_t prof = 0, guard = 0, requests = 0;
   };
@@ -43,8 +43,8 @@ class Sampling : public testing::Test {
     Fires fires;
     const unsigned stream = stream_of(size);
     for (uint64_t i = 0; i < count; ++i) {
-      heap.sample_countdown[stream] -= int64_t(size);
-      if (heap.sample_countdown[stream] >= 0) continue;
+      tray::countdown_of(&heap, stream) -= int64_t(size);
+      if (tray::countdown_of(&heap, stream) >= 0) continue;
       const unsigned fired = tray::sample_take(&heap, stream);
       fires.prof += (fired & tray::kSamplerProf) != 0;
       fires.guard += (fired & tray::kSamplerGuard) != 0;
@@ -66,7 +66,7 @@ void expect_count_near(uint64_t count, double expected, double sigmas = 5) {
 TEST_F(Sampling, OffByDefaultSoTheCountdownNeverRunsOut) {
   arm(heap_);
   for (unsigned stream = 0; stream < tray::kSampleStreams; ++stream)
-    EXPECT_EQ(heap_.sample_countdown[stream], INT64_MAX);
+    EXPECT_EQ(tray::countdown_of(&heap_, stream), INT64_MAX);
   const Fires fires = run(heap_, 1 << 20, 100000);  // 100 GiB of requests
   EXPECT_EQ(fires.prof + fires.guard, 0u);
 }
@@ -111,7 +111,7 @@ TEST_F(Sampling, IntervalsAreExponential) {
   const int draws = 20000;
   for (int i = 0; i < draws; ++i) {
     arm(heap_);
-    const double interval = double(heap_.sample_countdown[stream_of(64)]);
+    const double interval = double(tray::countdown_of(&heap_, stream_of(64)));
     sum += interval;
     sum_squares += interval * interval;
   }
@@ -123,38 +123,16 @@ TEST_F(Sampling, IntervalsAreExponential) {
 
 TEST_F(Sampling, ChangedOptionsReachAHeapOnItsNextSlowPath) {
   arm(heap_);
-  EXPECT_EQ(heap_.sample_countdown[0], INT64_MAX);
+  EXPECT_EQ(tray::countdown_of(&heap_, 0), INT64_MAX);
   set("guard_sample", "1");
   EXPECT_NE(heap_.sampling.generation, tray::g_sample_generation.load());
-  // What sample_small_slow does first on the heap's next slow path: every stream re-armed.
+  // What the heap's next slow path does first: every stream re-armed.
   tray::sample_refresh(&heap_);
   for (unsigned stream = 0; stream < tray::kSampleStreams; ++stream)
-    EXPECT_LT(heap_.sample_countdown[stream], 64) << "stream " << stream;
+    EXPECT_LT(tray::countdown_of(&heap_, stream), 64) << "stream " << stream;
   set("guard_sample", "0");
   tray::sample_refresh(&heap_);
-  EXPECT_EQ(heap_.sample_countdown[tray::kSampleStreamLarge], INT64_MAX);
-}
-
-// The countdowns are the per-class requested bytes of the statistics: what each class counted
-// down must survive every re-arming, sampled or not, option changes included, and stay apart
-// from the other classes'.
-TEST_F(Sampling, CountdownsKeepEachClassRequestedBytes) {
-  const unsigned c48 = tray::size_class_of(40), c1024 = tray::size_class_of(1000);
-  arm(heap_);
-  run(heap_, 40, 1000);
-  EXPECT_EQ(tray::sample_requested_bytes(&heap_, c48), 40000u);
-  set("prof", "1");
-  set("prof_sample", "4096");
-  tray::sample_refresh(&heap_);
-  const Fires fires = run(heap_, 1000, 5000);
-  EXPECT_GT(fires.prof, 100u);  // re-armed that often
-  run(heap_, 40, 1000);
-  set("prof", "0");
-  tray::sample_refresh(&heap_);
-  run(heap_, 40, 500);
-  EXPECT_EQ(tray::sample_requested_bytes(&heap_, c48), 100000u);
-  EXPECT_EQ(tray::sample_requested_bytes(&heap_, c1024), 5000000u);
-  EXPECT_EQ(tray::sample_requested_bytes(&heap_, tray::size_class_of(16)), 0u);
+  EXPECT_EQ(tray::countdown_of(&heap_, tray::kSampleStreamLarge), INT64_MAX);
 }
 
 TEST(SampleOptions, ByteCountsTakeBinarySuffixesAndRejectGarbage) {
