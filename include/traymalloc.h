@@ -182,6 +182,7 @@ TRAY_EXPORT int tray_stats_get(tray_stats* out);
 typedef void (*tray_write_fn)(void* context, const char* text, size_t length);
 #define TRAY_STATS_TEXT 0u /* aligned table, human units */
 #define TRAY_STATS_JSON 1u /* one JSON object on one line (format: docs/GUIDE.md, "Statistics") */
+#define TRAY_STATS_PROMETHEUS 2u /* Prometheus's text exposition format 0.0.4, for a /metrics page */
 /* Writes a dump through write(context, ...) in pieces (stderr if write is NULL). Never
  * allocates. Dumps of different threads take turns. Returns 0, EINVAL for unknown flags, or
  * EBUSY when called from a signal handler that interrupted a dump of the same thread. */

@@ -36,7 +36,7 @@ constexpr int64_t kThpDefault = kThpNever;
 constexpr OptionSpec kSpecs[] = {
     {"stats", Kind::kFlag, 0, {}, false},
     {"stats_file", Kind::kPath, 0, {}, false},
-    {"stats_format", Kind::kChoice, kStatsText, {"text", "json"}, false},
+    {"stats_format", Kind::kChoice, kStatsText, {"text", "json", "prometheus"}, false},
     {"stats_signal", Kind::kSignal, 0, {}, false},
     {"debug", Kind::kFlag, 0, {}, true},
     {"debug_abort", Kind::kFlag, 1, {}, false},

@@ -15,7 +15,7 @@ namespace tray {
 enum class Option : unsigned {
   kStats,        // 1: dump statistics at exit
   kStatsFile,    // where dumps go ("" for stderr); %p stands for the pid
-  kStatsFormat,  // kStatsText or kStatsJson
+  kStatsFormat,  // kStatsText, kStatsJson or kStatsPrometheus
   kStatsSignal,  // signal number that triggers a dump; 0 for none
   kDebug,        // 1: debug mode (fills, checks); fixed once the allocator has started
   kDebugAbort,   // 1: a debug error aborts the process; 0: report, count and go on
@@ -42,6 +42,7 @@ enum class Option : unsigned {
 inline constexpr int64_t kGuardSlotsMax = 1024;
 inline constexpr int64_t kStatsText = 0;
 inline constexpr int64_t kStatsJson = 1;
+inline constexpr int64_t kStatsPrometheus = 2;
 // memory_limit unset: the limit is the process's cgroup's, less a margin (stats/limit.hpp).
 inline constexpr int64_t kMemoryLimitAuto = -1;
 inline constexpr int64_t kLimitSoft = 0;

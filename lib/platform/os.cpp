@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>  // rename
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
@@ -488,7 +489,7 @@ ssize_t executable_path(char* out, size_t capacity) {
 
 void* next_symbol(const char* name) { return dlsym(RTLD_NEXT, name); }
 
-void write_fd(int fd, const char* text, size_t length) {
+bool write_fd(int fd, const char* text, size_t length) {
   const int saved = errno;
   while (length > 0) {
     const ssize_t n = write(fd, text, length);
@@ -500,6 +501,7 @@ void write_fd(int fd, const char* text, size_t length) {
     length -= size_t(n);
   }
   errno = saved;
+  return length == 0;
 }
 
 int duplicate_fd(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 3); }
@@ -536,6 +538,19 @@ int open_truncate(const char* path) {
   if (fd < 0) fd = -errno;
   errno = saved;
   return fd;
+}
+
+bool rename_file(const char* from, const char* to) {
+  const int saved = errno;
+  const bool renamed = rename(from, to) == 0;
+  errno = saved;
+  return renamed;
+}
+
+void remove_file(const char* path) {
+  const int saved = errno;
+  unlink(path);
+  errno = saved;
 }
 
 bool resident_pages(const void* p, size_t bytes, unsigned char* out) {

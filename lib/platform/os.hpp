@@ -113,7 +113,9 @@ ssize_t executable_path(char* out, size_t capacity);
 // malloc: the loader may allocate.
 void* next_symbol(const char* name);
 
-void write_fd(int fd, const char* text, size_t length);
+// Writes all of text[0, length) (again after EINTR and short writes); false if the kernel
+// refused part of it (ENOSPC, EIO, a closed pipe), errno left as it was.
+bool write_fd(int fd, const char* text, size_t length);
 // What was formatted into `text` (core/format.hpp).
 inline void write_text(int fd, const TextBuffer& text) { write_fd(fd, text.data(), text.length()); }
 // A close-on-exec duplicate of fd, or -1.
@@ -166,6 +168,11 @@ const char* symbol_of(const void* address, uintptr_t* offset, const char** file)
 void copy_file_to_fd(const char* path, int fd);
 // Creates or truncates `path` for writing (0644, close-on-exec); -errno on failure.
 int open_truncate(const char* path);
+// rename(2): `to` becomes the file `from` was in one step, so a reader opens either the old file
+// or the new one, whole (both in one file system); false on failure. errno left as it was.
+bool rename_file(const char* from, const char* to);
+// unlink(2), errno left as it was.
+void remove_file(const char* path);
 // Frames from capture_stack, one a line, symbolised as write_backtrace does.
 void write_frames(int fd, void* const* frames, int count);
 

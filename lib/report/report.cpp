@@ -156,26 +156,100 @@ void write_to_fd(void* context, const char* text, size_t length) {
   os::write_fd(*static_cast<int*>(context), text, length);
 }
 
+void warn(const char* message) { os::write_fd(g_dump_fd, message, __builtin_strlen(message)); }
+
+// Collects and writes one dump; the caller holds the dump's turn (begin_dump).
+void dump_now(const char* reason, StatsSink sink, DumpFormat format) {
+  tray_stats stats;
+  stats.version = TRAY_STATS_VERSION;
+  stats_collect(&stats);
+  switch (format) {
+    case DumpFormat::kText: stats_print_text(stats, os::process_id(), reason, sink); break;
+    case DumpFormat::kJson: stats_print_json(stats, os::process_id(), reason, sink); break;
+    case DumpFormat::kPrometheus: stats_print_prometheus(stats, os::process_id(), sink); break;
+    case DumpFormat::kMallocInfoXml: stats_print_xml(stats, sink); break;
+    case DumpFormat::kMallocStats:
+      stats_print_text(stats, os::process_id(), reason, sink);
+      stats_print_glibc_totals(stats, sink);
+      break;
+  }
+}
+
+// The file a dump replaces, and whether every write to it got through (a full disk must not
+// put half a dump in the place of a whole one).
+struct ReplacingWrite {
+  int fd;
+  bool complete;
+};
+
+void write_replacing(void* context, const char* text, size_t length) {
+  auto* file = static_cast<ReplacingWrite*>(context);
+  if (file->complete) file->complete = os::write_fd(file->fd, text, length);
+}
+
+constexpr size_t kDumpPathBytes = 640;
+
+// A Prometheus dump replaces stats_file whole: it is written to PATH.tmp.PID beside it (one file
+// system, so rename(2) can move it; node_exporter's textfile collector reads *.prom files only)
+// and renamed over PATH, so that a reader opens the previous dump or this one, never part of
+// one. The threads of a process share the temporary file, so all of it happens in the dump's
+// turn. False if the temporary file cannot be created.
+bool dump_replacing(const char* path, const char* reason, DumpFormat format) {
+  os::CancelDisabled no_cancel;  // end_dump must run
+  char temporary[kDumpPathBytes + 32];
+  TextBuffer name(temporary, sizeof temporary - 1);
+  name.str(path).str(".tmp.").dec(uint64_t(os::process_id()));
+  temporary[name.length()] = '\0';
+  if (!begin_dump()) return true;  // a signal in this thread's own dump: dropped, as elsewhere
+  const int fd = os::open_truncate(temporary);
+  if (fd < 0) {
+    end_dump();
+    return false;
+  }
+  ReplacingWrite file{fd, true};
+  dump_now(reason, StatsSink{write_replacing, &file}, format);
+  os::close_fd(fd);
+  if (!file.complete || !os::rename_file(temporary, path)) {
+    os::remove_file(temporary);
+    warn("traymalloc: cannot write stats_file; it keeps the previous dump\n");
+  }
+  end_dump();
+  return true;
+}
+
+DumpFormat configured_format() {
+  switch (option(Option::kStatsFormat)) {
+    case kStatsJson: return DumpFormat::kJson;
+    case kStatsPrometheus: return DumpFormat::kPrometheus;
+    default: return DumpFormat::kText;
+  }
+}
+
 }  // namespace
 
-// A dump where the options say: stats_file (appended: one dump after another), else stderr.
+// A dump where the options say: stats_file, else stderr. Text and JSON dumps are appended to
+// the file, one after another (the history that tools/tray-timeline reads); a Prometheus dump
+// replaces it whole (dump_replacing), since a scraper wants the numbers of now, once.
 void stats_dump_as_configured(const char* reason) {
+  const DumpFormat format = configured_format();
   int fd = g_dump_fd;
   bool opened = false;
   const char* pattern = option_stats_file();
   if (pattern[0] != '\0') {
-    char path[640];
-    const int file = expand_path(pattern, 0, path, sizeof path) ? os::open_append(path) : -1;
-    if (file >= 0) {
-      fd = file;
-      opened = true;
-    } else {
-      static constexpr char kWarning[] = "traymalloc: cannot open stats_file; dumping to stderr\n";
-      os::write_fd(g_dump_fd, kWarning, sizeof kWarning - 1);
+    char path[kDumpPathBytes];
+    const bool named = expand_path(pattern, 0, path, sizeof path);
+    if (named && format == DumpFormat::kPrometheus) {
+      if (dump_replacing(path, reason, format)) return;
+    } else if (named) {
+      fd = os::open_append(path);
+      opened = fd >= 0;
+    }
+    if (!opened) {
+      fd = g_dump_fd;
+      warn("traymalloc: cannot open stats_file; dumping to stderr\n");
     }
   }
-  stats_dump(reason, write_to_fd, &fd,
-             option(Option::kStatsFormat) == kStatsJson ? DumpFormat::kJson : DumpFormat::kText);
+  stats_dump(reason, write_to_fd, &fd, format);
   if (opened) os::close_fd(fd);
 }
 
@@ -210,20 +284,9 @@ void stats_collect(tray_stats* out) {
 bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format) {
   os::CancelDisabled no_cancel;  // end_dump must run
   if (!begin_dump()) return false;
-  tray_stats stats;
-  stats.version = TRAY_STATS_VERSION;
-  stats_collect(&stats);
   int fd = STDERR_FILENO;
   const StatsSink sink = write != nullptr ? StatsSink{write, context} : StatsSink{write_to_fd, &fd};
-  switch (format) {
-    case DumpFormat::kText: stats_print_text(stats, os::process_id(), reason, sink); break;
-    case DumpFormat::kJson: stats_print_json(stats, os::process_id(), reason, sink); break;
-    case DumpFormat::kMallocInfoXml: stats_print_xml(stats, sink); break;
-    case DumpFormat::kMallocStats:
-      stats_print_text(stats, os::process_id(), reason, sink);
-      stats_print_glibc_totals(stats, sink);
-      break;
-  }
+  dump_now(reason, sink, format);
   end_dump();
   return true;
 }
@@ -257,8 +320,10 @@ TRAY_EXPORT int tray_stats_get(tray_stats* out) {
 }
 
 TRAY_EXPORT int tray_stats_print(tray_write_fn write, void* context, unsigned flags) {
-  if (flags > TRAY_STATS_JSON) return EINVAL;
-  const DumpFormat format = flags == TRAY_STATS_JSON ? DumpFormat::kJson : DumpFormat::kText;
+  if (flags > TRAY_STATS_PROMETHEUS) return EINVAL;
+  const DumpFormat format = flags == TRAY_STATS_JSON         ? DumpFormat::kJson
+                            : flags == TRAY_STATS_PROMETHEUS ? DumpFormat::kPrometheus
+                                                             : DumpFormat::kText;
   return stats_dump("api", write, context, format) ? 0 : EBUSY;
 }
 

@@ -14,12 +14,13 @@ namespace tray {
 
 void stats_collect(tray_stats* out);
 
-enum class DumpFormat { kText, kJson, kMallocInfoXml, kMallocStats };
+enum class DumpFormat { kText, kJson, kPrometheus, kMallocInfoXml, kMallocStats };
 // Collects and writes one dump; `reason` names what asked for it. Dumps of different threads
 // take turns, so their pieces never mix in a shared file; a dump asked for by a signal handler
 // that interrupted its own thread's dump is dropped (false).
 bool stats_dump(const char* reason, tray_write_fn write, void* context, DumpFormat format);
-// A dump where the options say (stats_file or stderr, stats_format).
+// A dump where the options say (stats_file or stderr, stats_format): appended to the file, or
+// in the Prometheus format put in its place whole.
 void stats_dump_as_configured(const char* reason);
 // Applies stats_signal and stats_interval after tray_option_set changed them.
 void report_options_changed();

@@ -4,6 +4,7 @@
 #include "heap/heap.hpp"
 #include "options/options.hpp"
 #include "platform/platform.hpp"
+#include "report/dump_output.hpp"
 #include "stats/stats.hpp"
 
 namespace tray {
@@ -14,37 +15,12 @@ namespace {
 // renamed, removed or given another meaning changes it (tools/tray-stats checks it).
 constexpr unsigned kJsonFormatVersion = 1;
 
-// Builds output in a stack buffer and hands it to the sink whenever a piece is complete.
-class Output {
- public:
-  explicit Output(StatsSink sink) : sink_(sink), text_(storage_, sizeof storage_) {}
-  ~Output() { flush(); }
-  TextBuffer& text() { return text_; }
-  // Called between pieces: a piece never exceeds kPieceBytes, so nothing is cut off.
-  void piece_done() {
-    if (text_.length() > sizeof storage_ - kPieceBytes) flush();
-  }
-  void flush() {
-    if (text_.length() != 0) sink_.write(sink_.context, text_.data(), text_.length());
-    text_.clear();
-  }
-
- private:
-  static constexpr size_t kPieceBytes = 768;
-  StatsSink sink_;
-  char storage_[4096];
-  TextBuffer text_;
-};
-
-uint64_t class_live_bytes(const tray_class_stats& c) { return c.live_blocks * c.block_bytes; }
-uint64_t class_reserved_bytes(const tray_class_stats& c) { return c.pages * c.page_bytes; }
 uint64_t class_capacity(const tray_class_stats& c) { return c.pages * c.blocks_per_page; }
 // Bytes handed out beyond what was asked for, over all allocations of the class.
 uint64_t class_waste_bytes(const tray_class_stats& c) {
   const uint64_t handed_out = c.allocations * c.block_bytes;
   return handed_out > c.requested_bytes ? handed_out - c.requested_bytes : 0;
 }
-bool class_used(const tray_class_stats& c) { return c.allocations != 0 || c.pages != 0; }
 
 // Where the limit came from: memory_limit, or the cgroup file (whose path only the running
 // process knows, so it is looked up here rather than carried in tray_stats).
@@ -153,7 +129,7 @@ class JsonObject {
 constexpr unsigned kListedProgramHeaps = 32;
 
 // A line per live program heap (tray_heap_new), while there are any.
-void text_program_heaps(Output& output) {
+void text_program_heaps(DumpOutput& output) {
   TextBuffer& out = output.text();
   unsigned listed = 0, unlisted = 0;
   for (const ProgramHeap* heap = program_heap_list(); heap != nullptr; heap = heap->next_created) {
@@ -176,7 +152,7 @@ void text_program_heaps(Output& output) {
 }  // namespace
 
 void stats_print_text(const tray_stats& s, int pid, const char* reason, StatsSink sink) {
-  Output output(sink);
+  DumpOutput output(sink);
   TextBuffer& out = output.text();
   out.str("traymalloc: stats: pid=").dec(uint64_t(pid)).str(" reason=").str(reason).chr('\n');
   out.str("  ");
@@ -235,7 +211,7 @@ void stats_print_text(const tray_stats& s, int pid, const char* reason, StatsSin
 }
 
 void stats_print_json(const tray_stats& s, int pid, const char* reason, StatsSink sink) {
-  Output output(sink);
+  DumpOutput output(sink);
   TextBuffer& out = output.text();
   JsonObject root(out);
   root.field("traymalloc_stats", kJsonFormatVersion);
@@ -321,7 +297,7 @@ void stats_print_json(const tray_stats& s, int pid, const char* reason, StatsSin
 }
 
 void stats_print_xml(const tray_stats& s, StatsSink sink) {
-  Output output(sink);
+  DumpOutput output(sink);
   TextBuffer& out = output.text();
   uint64_t free_blocks = 0, free_bytes = 0;
   out.str("<malloc version=\"1\">\n<heap nr=\"0\">\n<sizes>\n");
@@ -362,7 +338,7 @@ void stats_print_xml(const tray_stats& s, StatsSink sink) {
 }
 
 void stats_print_glibc_totals(const tray_stats& s, StatsSink sink) {
-  Output output(sink);
+  DumpOutput output(sink);
   TextBuffer& out = output.text();
   uint64_t small_live = 0;
   for (unsigned i = 0; i < s.class_count; ++i) small_live += class_live_bytes(s.classes[i]);

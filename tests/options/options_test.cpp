@@ -28,7 +28,7 @@ TEST(Options, EnvironmentIsReadAtStartAndBadItemsAreWarned) {
 TEST(Options, BadValuesAreNamedWithWhatIsAccepted) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(_exit(tray_option_set("stats_format", "xml")), ::testing::ExitedWithCode(EINVAL),
-              "bad value 'xml' for stats_format ignored \\(accepted: text, json\\)");
+              "bad value 'xml' for stats_format ignored \\(accepted: text, json, prometheus\\)");
   EXPECT_EXIT(_exit(tray_option_set("guard_slots", "5000")), ::testing::ExitedWithCode(EINVAL),
               "bad value '5000' for guard_slots ignored \\(accepted: a whole number, 1..1024\\)");
   EXPECT_EXIT(_exit(tray_option_set("prof_sample", "0")), ::testing::ExitedWithCode(EINVAL),
@@ -38,6 +38,12 @@ TEST(Options, BadValuesAreNamedWithWhatIsAccepted) {
 TEST(Options, SetReportsUnknownNamesAndBadValues) {
   EXPECT_EQ(tray_option_set("stats_format", "json"), 0);
   EXPECT_EQ(tray_option_set("stats_format", "xml"), EINVAL);
+  EXPECT_EQ(tray_option_set("stats_format", "prometheus"), 0);
+  EXPECT_EQ(tray::option(tray::Option::kStatsFormat), tray::kStatsPrometheus);
+  EXPECT_EQ(tray_option_set("stats_format", "Prometheus"), EINVAL);  // words are lower case
+  EXPECT_EQ(tray_option_set("stats_format", "prom"), EINVAL);
+  EXPECT_EQ(tray::option(tray::Option::kStatsFormat), tray::kStatsPrometheus);
+  EXPECT_EQ(tray_option_set("stats_format", "json"), 0);
   EXPECT_EQ(tray_option_set("stats", "2"), EINVAL);
   EXPECT_EQ(tray_option_set("stats", "true"), 0);
   EXPECT_EQ(tray_option_set("stats", "0"), 0);

@@ -12,12 +12,16 @@
  *                            4 threads allocate and free without pause while each round sends
  *                            SIGUSR1 to all of them: dumps from the middle of malloc and free,
  *                            in several threads at once
+ *   stats_probe churn        4 threads allocate and free without pause until standard input
+ *                            ends; a line "signals" on it starts sending SIGUSR1 to them, one
+ *                            after another, every 200 microseconds (dumps back to back)
  *
  * stdout: "name value" lines that say what the program did (the test's expectations), then,
  * for hold, the XML of malloc_info.
  */
 #define _GNU_SOURCE
 #include <malloc.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -158,14 +162,23 @@ static void* churn(void* argument) {
   return NULL;
 }
 
-static int run_signal_threads(size_t rounds) {
-  printf("pid %d\nsignals %zu\n", (int)getpid(), rounds * kChurnThreads);
-  fflush(stdout);
-  pthread_t threads[kChurnThreads];
+static void start_churning(pthread_t threads[kChurnThreads]) {
   for (unsigned t = 0; t < kChurnThreads; ++t) {
     if (pthread_create(&threads[t], NULL, churn, (void*)(uintptr_t)(t + 1)) != 0)
       die("thread failed");
   }
+}
+
+static void stop_churning(pthread_t threads[kChurnThreads]) {
+  atomic_store(&g_stop_churning, 1);
+  for (unsigned t = 0; t < kChurnThreads; ++t) pthread_join(threads[t], NULL);
+}
+
+static int run_signal_threads(size_t rounds) {
+  printf("pid %d\nsignals %zu\n", (int)getpid(), rounds * kChurnThreads);
+  fflush(stdout);
+  pthread_t threads[kChurnThreads];
+  start_churning(threads);
   const struct timespec pause = {0, 500 * 1000};
   for (size_t round = 0; round < rounds; ++round) {
     for (unsigned t = 0; t < kChurnThreads; ++t) {
@@ -173,8 +186,33 @@ static int run_signal_threads(size_t rounds) {
     }
     nanosleep(&pause, NULL);
   }
-  atomic_store(&g_stop_churning, 1);
-  for (unsigned t = 0; t < kChurnThreads; ++t) pthread_join(threads[t], NULL);
+  stop_churning(threads);
+  return 0;
+}
+
+static int run_churn(void) {
+  printf("pid %d\n", (int)getpid());
+  fflush(stdout);
+  pthread_t threads[kChurnThreads];
+  start_churning(threads);
+  const struct timespec pause = {0, 200 * 1000};
+  struct pollfd input = {.fd = STDIN_FILENO, .events = POLLIN};
+  int signalling = 0;
+  for (unsigned sent = 0;;) {
+    const int ready = poll(&input, 1, signalling ? 0 : -1);
+    if (ready < 0) die("poll failed");
+    if (ready > 0) {
+      char line[64];
+      const ssize_t length = read(STDIN_FILENO, line, sizeof line);
+      if (length <= 0) break;
+      if (memmem(line, (size_t)length, "signals", 7) != NULL) signalling = 1;
+    }
+    if (signalling) {
+      if (pthread_kill(threads[sent++ % kChurnThreads], SIGUSR1) != 0) die("pthread_kill failed");
+      nanosleep(&pause, NULL);
+    }
+  }
+  stop_churning(threads);
   return 0;
 }
 
@@ -185,6 +223,8 @@ int main(int argc, char** argv) {
   if (argc == 2 && strcmp(argv[1], "threads") == 0) return run_threads();
   if (argc == 3 && strcmp(argv[1], "signal-threads") == 0)
     return run_signal_threads(parse_count(argv[2]));
-  fprintf(stderr, "usage: %s hold N SIZE | signal | threads | signal-threads ROUNDS\n", argv[0]);
+  if (argc == 2 && strcmp(argv[1], "churn") == 0) return run_churn();
+  fprintf(stderr, "usage: %s hold N SIZE | signal | threads | signal-threads ROUNDS | churn\n",
+          argv[0]);
   return 2;
 }
