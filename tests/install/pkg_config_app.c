@@ -2,6 +2,8 @@
  * traymalloc` alone, as tests/install/run.sh builds it, and run without LD_LIBRARY_PATH: the
  * .pc file's rpath must find the library. It checks that its malloc is traymalloc's and
  * prints the file libtraymalloc.so was loaded from, for run.sh to compare with the prefix.
+ * tests/downstream and tests/package build it too: linked with traymalloc::traymalloc_static
+ * by a parent project, and against the Debian packages.
  *
  * It keeps kLiveBytes live to the end, so that a heap profile written at exit
  * (prof_final=1) holds samples of a site named keep_live for tray-prof to find. */

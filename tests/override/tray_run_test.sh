@@ -48,25 +48,28 @@ grep -Eq '^  small: [1-9][0-9]* live blocks .* in [1-9][0-9]* pages' "$work/err"
 expect_status 3 env TRAY_LIB="$library" "$tray_run" sh -c 'exit 3'
 
 # Layouts tray-run searches when TRAY_LIB is unset, each in a fresh tree with the script
-# copied to where it would be installed (bin/) or kept in the sources (tools/).
+# copied to where it would be installed (bin/) or kept in the sources (tools/), and the library
+# under the name given (default libtraymalloc.so).
 check_layout() {
-  local script_dir=$1 library_dir=$2 tree
+  local script_dir=$1 library_dir=$2 name=${3:-libtraymalloc.so} tree
   tree=$(mktemp -d "$work/tree.XXXXXX")
   mkdir -p "$tree/$script_dir" "$tree/$library_dir"
   cp "$tray_run" "$tree/$script_dir/tray-run"
-  ln -s "$library" "$tree/$library_dir/libtraymalloc.so"
+  ln -s "$library" "$tree/$library_dir/$name"
   expect_status 0 env -u TRAY_LIB -u LD_PRELOAD "$tree/$script_dir/tray-run" "${print_preload[@]}"
-  [[ $(<"$work/out") == "$tree/$library_dir/libtraymalloc.so" ]] ||
+  [[ $(<"$work/out") == "$tree/$library_dir/$name" ]] ||
     fail "layout $script_dir + $library_dir: LD_PRELOAD was '$(<"$work/out")'"
   # Through a symbolic link to the script, e.g. from a directory on PATH.
   ln -s "$tree/$script_dir/tray-run" "$work/link-to-tray-run"
   expect_status 0 env -u TRAY_LIB -u LD_PRELOAD "$work/link-to-tray-run" "${print_preload[@]}"
   rm "$work/link-to-tray-run"
-  [[ $(<"$work/out") == "$tree/$library_dir/libtraymalloc.so" ]] ||
+  [[ $(<"$work/out") == "$tree/$library_dir/$name" ]] ||
     fail "layout $script_dir + $library_dir through a link: LD_PRELOAD was '$(<"$work/out")'"
 }
 check_layout bin lib
 check_layout bin lib/x86_64-linux-gnu
+# The package libtraymalloc0 installs the SONAME alone; the unversioned link is -dev's.
+check_layout bin lib/x86_64-linux-gnu libtraymalloc.so.0
 check_layout tools build/lib
 
 # No library anywhere: exit 127 and say where it looked.
