@@ -137,9 +137,15 @@ fn build_from_tree() {
 
     // Configure once per OUT_DIR (and again only if the arguments change): `cmake --build`
     // reruns the configure step by itself when a CMakeLists.txt changes.
+    // CMake reads CMAKE_GENERATOR itself, and refuses another generator in an existing tree.
     let stamp = out_dir.join("cmake-configure-args");
+    let stamp_text = format!(
+        "{}\nCMAKE_GENERATOR={}",
+        configure.join("\n"),
+        env::var("CMAKE_GENERATOR").unwrap_or_default()
+    );
     let configured = build.join("CMakeCache.txt").is_file()
-        && fs::read_to_string(&stamp).ok().as_deref() == Some(configure.join("\n").as_str());
+        && fs::read_to_string(&stamp).ok().as_deref() == Some(stamp_text.as_str());
     if !configured {
         let _ = fs::remove_dir_all(&build);
         let mut command = Command::new(&cmake);
@@ -150,7 +156,7 @@ fn build_from_tree() {
             .arg(&build)
             .args(&configure);
         run(&mut command, "configure");
-        fs::write(&stamp, configure.join("\n")).expect("write the configure stamp");
+        fs::write(&stamp, &stamp_text).expect("write the configure stamp");
     }
 
     let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "1".into());
