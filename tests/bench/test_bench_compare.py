@@ -1,7 +1,7 @@
 """Tests of tools/bench-compare: its table from known runs, a tiny real run (multi-threaded
 workloads once per --threads count), the workloads' --describe, the skip of a workload whose
-program this machine lacks, and its refusal of a run whose preload put the wrong malloc in
-place.
+program this machine lacks, its refusal of a run whose preload put the wrong malloc in place,
+and the callgrind table's column for an allocator callgrind could not count.
 
 Run by ctest (tests/bench/CMakeLists.txt), which sets BENCH_COMPARE (the runner),
 BENCH_BUILD_DIR (a build with bench/workloads), TRAYMALLOC_LIB and BENCH_WORK_DIR.
@@ -127,14 +127,14 @@ class TableFromKnownRuns(unittest.TestCase):
 
 
 class TinyRun(unittest.TestCase):
-    """Every workload, with the default --threads (2,4)."""
+    """Every workload, with the default --threads (2,4,8)."""
 
     @classmethod
     def setUpClass(cls):
         cls.out_dir = WORK_DIR / "tiny"
         cls.result = run_runner(cls.out_dir, "--allocators", "traymalloc,glibc",
                                 "--reps", "2", "--scale", "0.01")
-        cls.workloads = expected_rows((2, 4))
+        cls.workloads = expected_rows((2, 4, 8))
 
     def test_runner_succeeds_with_progress(self):
         self.assertEqual(self.result.returncode, 0, self.result.stderr)
@@ -244,6 +244,31 @@ class MissingProgram(unittest.TestCase):
         self.assertEqual(list(results["summary"]), ["particles"])
         self.assertIn("workload ruby_stress", results["skipped"])
         self.assertIn("Skipped workload ruby_stress", (out_dir / "results.md").read_text())
+
+
+@unittest.skipUnless(shutil.which("valgrind"), "needs valgrind")
+class CallgrindNotCounted(unittest.TestCase):
+    """--callgrind: an allocator callgrind cannot run keeps its column, marked, and the others
+    are counted all the same."""
+
+    def test_an_allocator_that_never_ran_is_marked_not_counted(self):
+        # Not a shared object: the dynamic loader ignores it, so glibc's malloc runs in its
+        # place and the check that the preload ran under callgrind must catch it.
+        bogus = WORK_DIR / "not_a_library.so"
+        WORK_DIR.mkdir(parents=True, exist_ok=True)
+        bogus.write_text("not an ELF file\n")
+        out_dir = WORK_DIR / "callgrind_not_counted"
+        result = run_runner(out_dir, "--callgrind", "--allocators", "glibc", "--baseline",
+                            "glibc", "--allocator", f"bogus={bogus}")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        counts = json.loads((out_dir / "callgrind.json").read_text())
+        self.assertIn("never ran under callgrind", counts["not_counted"]["bogus"])
+        rows = table_rows((out_dir / "callgrind.md").read_text(), "# Instructions per")
+        self.assertEqual(len(rows), len(counts["instructions_per_pair"]))
+        for row in rows:
+            self.assertEqual(row[2], "not counted", row)
+            self.assertGreater(float(row[1]), 10, row)  # glibc's count: a loop and a pair
+        self.assertIn("Not counted bogus", (out_dir / "callgrind.md").read_text())
 
 
 @unittest.skipUnless(JEMALLOC.is_file(), "needs Debian's libjemalloc2")
