@@ -20,17 +20,17 @@
 
 #include "platform/elf_symbols.hpp"
 
-extern "C" {
-// Internal linkage with C's spelling: a name in .symtab alone, and not mangled.
+// Internal linkage: a name in .symtab alone, which the tables spell mangled (_ZL: internal).
 __attribute__((noinline)) static void* elf_test_return_address() { return __builtin_return_address(0); }
 __attribute__((noinline)) static void* elf_test_static_caller() {
   void* address = elf_test_return_address();
   asm volatile("" ::: "memory");  // no tail call: the return address lies in this function
   return address;
 }
-}
 
 namespace {
+
+constexpr const char* kStaticCaller = "_ZL22elf_test_static_callerv";
 
 using tray::os::CodeSymbol;
 using tray::os::ElfFunctions;
@@ -88,14 +88,14 @@ TEST_F(ElfSymbols, NamesAStaticFunctionThatDladdrCannot) {
   SymbolTables symbols;
   const CodeSymbol symbol = symbols.symbol_of_return_address(address);
   ASSERT_NE(symbol.name, nullptr);
-  EXPECT_STREQ(symbol.name, "elf_test_static_caller");
+  EXPECT_STREQ(symbol.name, kStaticCaller);
   const auto start = reinterpret_cast<uintptr_t>(&elf_test_static_caller);
   EXPECT_EQ(symbol.offset, reinterpret_cast<uintptr_t>(address) - start);
   ASSERT_NE(symbol.file, nullptr);
   EXPECT_EQ(symbol.file, executable());
   EXPECT_EQ(symbol.file_address, reinterpret_cast<uintptr_t>(address) - bias_of(address));
   // A second lookup in the same file reads it no more, and names the same.
-  EXPECT_STREQ(symbols.symbol_of_return_address(address).name, "elf_test_static_caller");
+  EXPECT_STREQ(symbols.symbol_of_return_address(address).name, kStaticCaller);
 }
 
 TEST_F(ElfSymbols, NamesAnExportedFunctionOfALibrary) {
@@ -177,7 +177,7 @@ TEST_F(ElfSymbols, ReadsThisProgramsFile) {
   ElfFunctions functions;
   ASSERT_TRUE(functions.open("/proc/self/exe"));
   uintptr_t start = 0;
-  EXPECT_STREQ(functions.function_at(static_caller_in_file() + 2, &start), "elf_test_static_caller");
+  EXPECT_STREQ(functions.function_at(static_caller_in_file() + 2, &start), kStaticCaller);
   EXPECT_EQ(start, static_caller_in_file());
   size_t id_bytes = 0;
   EXPECT_NE(functions.build_id(&id_bytes), nullptr);
@@ -252,7 +252,7 @@ TEST_F(ElfSymbols, ReadsTheSectionCountFromTheFirstSection) {
   ElfFunctions functions;
   ASSERT_TRUE(functions.open(files_.back().c_str()));
   uintptr_t start = 0;
-  EXPECT_STREQ(functions.function_at(static_caller_in_file() + 2, &start), "elf_test_static_caller");
+  EXPECT_STREQ(functions.function_at(static_caller_in_file() + 2, &start), kStaticCaller);
 }
 
 }  // namespace

@@ -212,7 +212,7 @@ class LeakTest(Case):
         self.assertNotIn("pthread_create", report)
         self.assertNotIn("_dl_allocate_tls", report)
 
-    def test_unnamed_frames_come_with_the_command_that_names_them(self):
+    def test_the_hint_comes_with_unnamed_frames_alone(self):
         report = run([LEAKS], ["prof=1", "prof_sample=16k", "prof_leaks=1"]).stderr
         frames = [frame for _, _, stack in leaks_of(report) for frame in stack]
         self.assertTrue(frames, report)
