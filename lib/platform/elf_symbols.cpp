@@ -45,14 +45,14 @@ const unsigned char* build_id_in(const unsigned char* notes, size_t bytes, size_
 // Notes are padded to 4 bytes in ELF64 too, but for segments aligned to 8 (.note.gnu.property).
 size_t note_alignment(uint64_t segment_alignment) { return segment_alignment == 8 ? 8 : 4; }
 
-// Global names first among aliases: libc's getpid rather than __getpid, a program's own name
-// rather than a local alias of it.
-uint32_t binding_rank(unsigned char info) {
-  switch (ELF64_ST_BIND(info)) {
-    case STB_GLOBAL: return 0;
-    case STB_WEAK: return 1;
-    default: return 2;
-  }
+// Which of several names at one address the report shows, the lowest first: an exported name
+// (global or weak) before a local alias of it, then the one with the fewest leading
+// underscores, as libraries spell their public names (getpid, which glibc makes the weak alias
+// of __getpid; malloc rather than __libc_malloc).
+uint32_t name_rank(unsigned char info, const char* name) {
+  uint32_t underscores = 0;
+  while (underscores < 3 && name[underscores] == '_') ++underscores;
+  return (ELF64_ST_BIND(info) == STB_LOCAL ? 4 : 0) + underscores;
 }
 
 }  // namespace
@@ -60,7 +60,7 @@ uint32_t binding_rank(unsigned char info) {
 struct ElfFunctions::Entry {
   uint64_t start;
   uint32_t symbol;
-  uint32_t rank;  // binding_rank
+  uint32_t rank;  // name_rank
 };
 
 template <class T>
@@ -159,7 +159,8 @@ bool ElfFunctions::index_table(const void* section_headers, size_t section_count
   if (entries_ == nullptr) return false;
   for (uint64_t i = 0; i < symbol_count; ++i) {
     if (is_function(symbols[i]))
-      entries_[entry_count_++] = {symbols[i].st_value, uint32_t(i), binding_rank(symbols[i].st_info)};
+      entries_[entry_count_++] = {symbols[i].st_value, uint32_t(i),
+                                  name_rank(symbols[i].st_info, names + symbols[i].st_name)};
   }
   std::sort(entries_, entries_ + entry_count_, [](const Entry& a, const Entry& b) {
     if (a.start != b.start) return a.start < b.start;

@@ -24,7 +24,8 @@ class ElfFunctions {
   void close();  // unmaps what open mapped; open may be called again
   // The function whose symbol covers `address` (an address as the file counts them: the
   // run-time address less the file's load bias): its name, and its first address in *start;
-  // nullptr if no function symbol covers it. Aliases at one address give the global name.
+  // nullptr if no function symbol covers it. Of aliases, the exported name with the fewest
+  // leading underscores.
   const char* function_at(uintptr_t address, uintptr_t* start) const;
   // The file's GNU build ID from its notes (nullptr if it has none), and its length.
   const unsigned char* build_id(size_t* bytes) const {
@@ -46,7 +47,7 @@ class ElfFunctions {
   size_t file_bytes_ = 0;
   const void* symbols_ = nullptr;  // the table indexed (Elf64_Sym)
   const char* names_ = nullptr;    // its string table, which ends in a NUL
-  Entry* entries_ = nullptr;  // sorted by address, then global before weak before local
+  Entry* entries_ = nullptr;  // sorted by address, then by which name to show
   size_t entry_count_ = 0;
   size_t entries_bytes_ = 0;
   const unsigned char* build_id_ = nullptr;

@@ -1,9 +1,9 @@
 // The symbol tables that name the leak report's frames (platform/elf_symbols.cpp): a static
 // function of this test program, which is linked without -rdynamic so that dladdr cannot name
-// it; an exported function in a shared library; an address in no file; a library whose file
-// was replaced on disk after it was loaded (its build ID differs: the exported names only);
-// and copies of this program broken in the ways a file on disk can be, which must be refused
-// or read without a fault.
+// it; an exported function in a shared library, and the name shown of several at one address;
+// an address in no file; a library whose file was replaced on disk after it was loaded (its
+// build ID differs: the exported names only); and copies of this program broken in the ways a
+// file on disk can be, which must be refused or read without a fault.
 #include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
@@ -108,6 +108,17 @@ TEST_F(ElfSymbols, NamesAnExportedFunctionOfALibrary) {
   ASSERT_NE(symbol.name, nullptr);
   EXPECT_EQ(symbol.offset, 1u) << symbol.name;
   EXPECT_STREQ(symbol.file, info.dli_fname);
+}
+
+// glibc's getpid is the weak alias of the global __getpid: the public spelling is shown.
+TEST_F(ElfSymbols, OfNamesAtOneAddressThePublicOneIsShown) {
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(libc, nullptr);
+  auto* const getpid_in_libc = static_cast<char*>(dlsym(libc, "getpid"));
+  dlclose(libc);
+  ASSERT_NE(getpid_in_libc, nullptr);
+  SymbolTables symbols;
+  EXPECT_STREQ(symbols.symbol_of_return_address(getpid_in_libc + 1).name, "getpid");
 }
 
 TEST_F(ElfSymbols, AnAddressInNoFileHasNoNameAndNoFile) {
