@@ -57,6 +57,21 @@ extern constinit std::atomic<PurgerState> g_purger_state;
 extern constinit std::atomic<uint32_t> g_purger_wake;
 extern constinit std::atomic<bool> g_purger_sleeping;
 
+// The seq_cst fence that pairs purger_notify with the thread's going to sleep: each side
+// stores, fences, then loads what the other stored. ThreadSanitizer does not model fences (GCC
+// warns, -Wtsan); under it, a seq_cst read-modify-write of one word both sides share orders
+// them as the fences do (the later one reads from the earlier), in a way it sees.
+#if defined(TRAY_TSAN)
+extern constinit std::atomic<uint32_t> g_purger_fence_word;
+#endif
+TRAY_INLINE void purger_fence() {
+#if defined(TRAY_TSAN)
+  g_purger_fence_word.fetch_add(0, std::memory_order_seq_cst);
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+
 // Something new may need the purger: memory to give back after a delay, or a new
 // stats_interval. Wakes the thread if it sleeps without a deadline, or marks it wanted.
 // Lock-free; safe under the allocator's locks.

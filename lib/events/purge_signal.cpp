@@ -8,11 +8,14 @@ namespace tray {
 constinit std::atomic<PurgerState> g_purger_state{PurgerState::kNone};
 constinit std::atomic<uint32_t> g_purger_wake{0};
 constinit std::atomic<bool> g_purger_sleeping{false};
+#if defined(TRAY_TSAN)
+constinit std::atomic<uint32_t> g_purger_fence_word{0};
+#endif
 __thread unsigned tls_purger_holds = 0;
 __thread bool tls_in_purger = false;
 
 void purger_notify() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  purger_fence();
   PurgerState state = g_purger_state.load(std::memory_order_relaxed);
   if (state == PurgerState::kNone) {
     g_purger_state.compare_exchange_strong(state, PurgerState::kWanted, std::memory_order_relaxed);

@@ -85,7 +85,7 @@ void purger_main() {
     // Pairs with the fence in purger_notify: either this pass sees what the notifier left,
     // or the notifier sees g_purger_sleeping and bumps g_purger_wake, which ends the wait below. Acquire
     // pairs with purger_wake: the last heap's detach is seen, or it ends the wait.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    purger_fence();
     const uint32_t seen = g_purger_wake.load(std::memory_order_acquire);
     if (option(Option::kPurgeThread) == 0) {
       g_purger_state.store(PurgerState::kOff, std::memory_order_relaxed);

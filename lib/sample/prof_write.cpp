@@ -26,8 +26,9 @@ class Output {
  public:
   explicit Output(int fd) : fd_(fd), text_(storage_, sizeof storage_) {}
   ~Output() { flush(); }
-  TextBuffer& text() {
-    if (text_.length() > sizeof storage_ - kLineBytesMax) flush();
+  // The buffer, flushed first unless `room` bytes are left (a profile's line by default).
+  TextBuffer& text(size_t room = kLineBytesMax) {
+    if (text_.length() + std::min(room, sizeof storage_) > sizeof storage_) flush();
     return text_;
   }
   void flush() {
@@ -123,33 +124,29 @@ void dump_on_signal(int) {
 
 // --- the leak report ---------------------------------------------------------------------
 
-// Returns whether the frame had a name: dladdr names exported symbols only, so the functions
-// of an executable built without -rdynamic come out as addresses.
-bool write_frame(Output& output, int index, const void* address) {
-  TextBuffer& line = output.text();
+// Returns whether the frame had a name. Frames the symbol tables cannot name (their file was
+// stripped) show the file and the address in it, which addr2line takes.
+bool write_frame(Output& output, os::SymbolTables& symbols, int index, const void* address) {
+  const os::CodeSymbol symbol = symbols.symbol_of_return_address(address);
+  // Mangled C++ names run to kilobytes: the line is written whole or, past the buffer, cut.
+  auto length = [](const char* text) { return text != nullptr ? __builtin_strlen(text) : 0; };
+  TextBuffer& line = output.text(96 + length(symbol.name) + length(symbol.file));
   line.str("traymalloc:   #").dec(uint64_t(index)).chr(' ').ptr(address);
-  uintptr_t offset = 0;
-  const char* file = nullptr;
-  const char* name = os::symbol_of(address, &offset, &file);
-  if (name != nullptr) line.chr(' ').str(name).str("+0x").hex(offset);
-  if (file != nullptr) line.str(" (").str(file).chr(')');
+  if (symbol.name != nullptr) line.chr(' ').str(symbol.name).str("+0x").hex(symbol.offset);
+  if (symbol.name != nullptr && symbol.file != nullptr) line.str(" (").str(symbol.file).chr(')');
+  if (symbol.name == nullptr && symbol.file != nullptr)
+    line.str(" (").str(symbol.file).str("+0x").hex(symbol.file_address).chr(')');
   line.chr('\n');
-  return name != nullptr;
+  return symbol.name != nullptr;
 }
 
-// For frames the report could not name: the profile's readers read the symbol tables. Written
-// at exit only with prof_final=1 and a prof_file.
 void write_naming_hint(Output& output) {
-  TextBuffer& line = output.text();
-  line.str("traymalloc: unnamed frames are functions their file does not export; ");
-  if (option(Option::kProfFinal) != 0 && option_path(Option::kProfFile)[0] != '\0')
-    line.str("tools/tray-prof top (or google-pprof --text PROGRAM) on this run's profile names them\n");
-  else
-    line.str("run with prof_final=1,prof_file=PATH and tools/tray-prof top PATH names them\n");
+  output.text().str("traymalloc: unnamed frames lie in files without a symbol table (stripped); ")
+      .str("addr2line -f -e FILE OFFSET names them where the file's debug symbols are installed\n");
 }
 
 // The stacks with sampled blocks still live, biggest estimate first, each with its estimated
-// bytes and count and its frames named by dladdr where the symbol is exported.
+// bytes and count and its frames named from the symbol tables of their files.
 void report_leaks() {
   const size_t stack_count = prof_stack_count();
   const ProfStack* stacks = prof_stacks();
@@ -172,6 +169,7 @@ void report_leaks() {
   output.text().str(" samples, one per ").human(prof_rate()).str(" allocated on average");
   if (prof_dropped() != 0) output.text().str("; ").dec(prof_dropped()).str(" samples dropped, tables full");
   output.text().str(")\n");
+  os::SymbolTables symbols;
   bool unnamed = false;
   for (size_t rank = 0; rank < leaking; ++rank) {
     const ProfStack& stack = stacks[order[rank]];
@@ -180,7 +178,7 @@ void report_leaks() {
     line.human(stack.live_estimate.load(std::memory_order_relaxed)).str(" in ");
     line.dec(stack.live_weight.load(std::memory_order_relaxed) / kProfWeightOne).str(" blocks (");
     line.dec(stack.live_count.load(std::memory_order_relaxed)).str(" sampled), allocated at:\n");
-    for (int f = 0; f < stack.depth; ++f) unnamed |= !write_frame(output, f, stack.frames[f]);
+    for (int f = 0; f < stack.depth; ++f) unnamed |= !write_frame(output, symbols, f, stack.frames[f]);
   }
   if (unnamed) write_naming_hint(output);
   output.flush();

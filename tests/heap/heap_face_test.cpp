@@ -40,9 +40,10 @@ bool is_aligned(const void* p, size_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % alignment == 0;
 }
 
-// Whether plain malloc is traymalloc's in this process.
+// Whether plain malloc is traymalloc's in this process. calloc's block, since GCC takes a
+// const void* argument for a read of the memory it points to, and malloc's bytes are unset.
 bool malloc_is_traymalloc() {
-  void* probe = std::malloc(24);
+  void* probe = std::calloc(1, 24);
   const bool ours = tray_owns(probe) != 0;
   std::free(probe);
   return ours;

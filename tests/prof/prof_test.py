@@ -1,9 +1,10 @@
 """Heap profiles of real programs under libtraymalloc.so: the estimates of a program with known
 allocation sites (prof_sites), google-pprof's and jeprof's reading of the same profile, the peak profile, a
-profile written on a signal, the leak report of a program that leaks from two known sites
-(prof_leaks), and tools/tray-prof on profiles of a Python interpreter.
+profile written on a signal, the leak report of a program that leaks from two known sites in
+static functions (prof_leaks) and of its stripped copy, and tools/tray-prof on profiles of a Python interpreter.
 
-Usage: python3 tests/prof/prof_test.py LIBTRAYMALLOC PROF_SITES PROF_LEAKS [unittest options]
+Usage: python3 tests/prof/prof_test.py LIBTRAYMALLOC PROF_SITES PROF_LEAKS PROF_LEAKS_STRIPPED
+       [unittest options]
 """
 
 import json
@@ -17,7 +18,7 @@ import unittest
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-LIBRARY = SITES = LEAKS = None  # from the command line
+LIBRARY = SITES = LEAKS = LEAKS_STRIPPED = None  # from the command line
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "tray-prof"
 # With 1 sample per 4 KiB, each 16 MB site gets some 4000 samples: a standard error of 1.6%,
 # so 10% is six of them.
@@ -129,22 +130,78 @@ class SignalTest(Case):
         self.assert_near(sites_of(files[0])["site_small()"]["bytes"], 16e6, "signal site_small")
 
 
+# The stacks that prof_leaks.c leaks from, innermost first down to main, all but main static,
+# and what each leaks: bytes and blocks.
+LEAK_STACKS = {"leak_buffers": ["leak_buffers", "main"],
+               "new_node": ["new_node", "grow_list", "leak_nodes", "main"]}
+LEAK_TRUTH = {"leak_buffers": (8 * 2**20, 2048), "new_node": (8.4e6, 150000)}
+HINT = "addr2line -f -e FILE OFFSET"
+
+
+def leaks_of(report):
+    """The report's leaks: (MiB, blocks, frames), each frame (name or None, file, offset), the
+    offset the name's for a named frame and the file's address for an unnamed one."""
+    leaks = []
+    for line in report.splitlines():
+        leak = re.search(r"leak \d+ of \d+: about ([\d.]+) MiB in (\d+) blocks", line)
+        if leak:
+            leaks.append((float(leak.group(1)), int(leak.group(2)), []))
+            continue
+        named = re.search(r"#\d+ 0x[0-9a-f]+ (\S+)\+0x([0-9a-f]+) \((.*)\)$", line)
+        unnamed = re.search(r"#\d+ 0x[0-9a-f]+ \((.*)\+0x([0-9a-f]+)\)$", line)
+        if named:
+            leaks[-1][2].append((named.group(1), named.group(3), int(named.group(2), 16)))
+        elif unnamed:
+            leaks[-1][2].append((None, unnamed.group(1), int(unnamed.group(2), 16)))
+        elif "#" in line:
+            raise AssertionError(f"unparsed frame {line!r} in:\n{report}")
+    return leaks
+
+
 class LeakTest(Case):
-    def test_report_names_both_leaks_and_nothing_else(self):
+    def check_sizes(self, leaks, site_of, report):
+        self.assertEqual(sorted(site_of(frames) for _, _, frames in leaks), sorted(LEAK_TRUTH), report)
+        for mib, blocks, frames in leaks:
+            truth_bytes, truth_blocks = LEAK_TRUTH[site_of(frames)]
+            self.assertLessEqual(abs(mib * 2**20 - truth_bytes), 0.25 * truth_bytes, report)
+            self.assertLessEqual(abs(blocks - truth_blocks), 0.25 * truth_blocks, report)
+
+    def test_report_names_the_static_functions_of_both_leaks(self):
         # One sample per 16 KiB: some 500 per leak, a standard error of 4.5%, so the 25% below
         # is five of them (at 64 KiB it was 2.8, and about one run in a hundred failed).
-        result = run([LEAKS], ["prof=1", "prof_sample=16k", "prof_leaks=1"])
-        report = result.stderr
+        report = run([LEAKS], ["prof=1", "prof_sample=16k", "prof_leaks=1"]).stderr
         header = re.search(r"leak report: (\d+) stacks hold about", report)
         self.assertIsNotNone(header, report)
         self.assertEqual(header.group(1), "2", report)
-        leaks = re.findall(r"leak (\d) of 2: about ([\d.]+) MiB in (\d+) blocks.*\n.*#0 \S+ (\w+)\+", report)
-        self.assertEqual(sorted(leak[3] for leak in leaks), ["leak_buffers", "leak_nodes"], report)
-        for _, mib, blocks, name in leaks:
-            truth_bytes, truth_blocks = (8 * 2**20, 2048) if name == "leak_buffers" else (8.4e6, 150000)
-            self.assertLessEqual(abs(float(mib) * 2**20 - truth_bytes), 0.25 * truth_bytes, report)
-            self.assertLessEqual(abs(int(blocks) - truth_blocks), 0.25 * truth_blocks, report)
+        leaks = leaks_of(report)
+        for _, _, frames in leaks:
+            names = [name for name, _, _ in frames]
+            self.assertIn(names[0], LEAK_STACKS, report)
+            self.assertEqual(names[:len(LEAK_STACKS[names[0]])], LEAK_STACKS[names[0]], report)
+            self.assertEqual(Path(frames[0][1]), LEAKS, report)
+        self.check_sizes(leaks, lambda frames: frames[0][0], report)
         self.assertNotIn("churn", report)
+
+    def test_a_stripped_program_shows_the_addresses_addr2line_takes(self):
+        # The same program without its symbol table: its frames are unnamed, each with the
+        # address in the file that the unstripped copy's symbols put in the same function.
+        report = run([LEAKS_STRIPPED], ["prof=1", "prof_sample=16k", "prof_leaks=1"]).stderr
+        self.assertIn(HINT, report)
+        for name in ("leak_buffers", "new_node", "grow_list", "leak_nodes", " main+"):
+            self.assertNotIn(name, report)
+        nm = subprocess.run(["nm", "-S", "--defined-only", str(LEAKS)], capture_output=True,
+                            text=True, check=True).stdout
+        functions = [(int(f[0], 16), int(f[1], 16), f[3])
+                     for f in (line.split() for line in nm.splitlines()) if len(f) == 4]
+
+        def site_of(frames):
+            name, file, offset = frames[0]
+            self.assertIsNone(name, report)
+            self.assertEqual(Path(file), LEAKS_STRIPPED, report)
+            # A return address: its call ends just before it.
+            return next((f for start, size, f in functions if start <= offset - 1 < start + size), None)
+
+        self.check_sizes(leaks_of(report), site_of, report)
 
     def test_the_allocators_own_thread_start_is_no_leak(self):
         # The purger thread starts while the leaks are made, and pthread_create allocates its
@@ -155,13 +212,12 @@ class LeakTest(Case):
         self.assertNotIn("pthread_create", report)
         self.assertNotIn("_dl_allocate_tls", report)
 
-    def test_unnamed_frames_come_with_the_command_that_names_them(self):
+    def test_the_hint_comes_with_unnamed_frames_alone(self):
         report = run([LEAKS], ["prof=1", "prof_sample=16k", "prof_leaks=1"]).stderr
-        frames = re.findall(r"#\d+ 0x[0-9a-f]+( \S+\+0x[0-9a-f]+)?", report)
+        frames = [frame for _, _, stack in leaks_of(report) for frame in stack]
         self.assertTrue(frames, report)
-        unnamed = any(name == "" for name in frames)
-        self.assertEqual("tools/tray-prof top PATH names them" in report, unnamed, report)
-
+        unnamed = any(name is None for name, _, _ in frames)
+        self.assertEqual(HINT in report, unnamed, report)
 
     def test_no_report_without_the_option(self):
         result = run([LEAKS], ["prof=1", "prof_sample=64k"])
@@ -206,5 +262,5 @@ class PythonTest(Case):
 
 
 if __name__ == "__main__":
-    LIBRARY, SITES, LEAKS = (Path(a).resolve() for a in sys.argv[1:4])
-    unittest.main(argv=[sys.argv[0], *sys.argv[4:]])
+    LIBRARY, SITES, LEAKS, LEAKS_STRIPPED = (Path(a).resolve() for a in sys.argv[1:5])
+    unittest.main(argv=[sys.argv[0], *sys.argv[5:]])

@@ -115,8 +115,9 @@ TEST(MemoryLimit, SoftGivesBackAtOnce) {
   // With OS pages of 64 KiB (arm64), large blocks have mappings of their own, and when the
   // limit is reached this pattern holds nothing freed to give back (measured: 0 bytes); the
   // committed bytes below still show the limit at work.
-  if (tray::os::page_size() < 65536)
+  if (tray::os::page_size() < 65536) {
     EXPECT_GT(s.memory_limit_released_bytes, before.memory_limit_released_bytes);
+  }
   EXPECT_EQ(s.memory_limit_failures, before.memory_limit_failures);
   EXPECT_GT(unlimited, 16 * kMiB);
   EXPECT_LT(limited, 16 * kMiB);
