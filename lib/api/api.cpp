@@ -111,12 +111,6 @@ void* reallocate_by_copy(void* p, size_t size) {
   return fresh;
 }
 
-TRAY_NOINLINE void give_back_address_space() {
-  [[maybe_unused]] TrackScope scope;
-  large_trim();
-  segment_trim();
-}
-
 // Every free the fast path left but one: another heap's block freed by a thread with a heap.
 TRAY_NOINLINE void free_unusual(void* p) {
   if (p == nullptr) return;
@@ -147,6 +141,12 @@ TRAY_NOINLINE void free_unusual(void* p) {
 }  // namespace
 
 void set_foreign_handlers(const ForeignHandlers& handlers) noexcept { g_foreign = handlers; }
+
+void give_back_address_space() noexcept {
+  [[maybe_unused]] TrackScope scope;
+  large_trim();
+  segment_trim();
+}
 
 void free_large(LargeHeader* header) {
   if (TRAY_UNLIKELY(header->prof_sampled != 0)) prof_forget_large(header);

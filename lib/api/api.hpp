@@ -42,6 +42,8 @@ size_t usable_size(const void* p) noexcept;
 ProgramHeap* program_heap_of_block(const void* p) noexcept;
 size_t usable_size_untracked(const void* p) noexcept;  // without telling memcheck or ASan
 bool trim_all() noexcept;
+// What the pool and the large caches keep for reuse goes back to the OS (the heaps' pages stay).
+void give_back_address_space() noexcept;
 
 // Sizes past the fine class table test one more bound, in the branch small sizes skip.
 // In debug mode tls_heap is &g_empty_heap, with no block to pop and no page to own, so both

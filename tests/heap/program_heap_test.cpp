@@ -243,6 +243,35 @@ TEST(ProgramHeap, ADestroyedHeapsPagesServeTheThreadsNextHeap) {
   }).join();
 }
 
+// A destroy gives what it freed back to the OS at once, not after the purge delay: whether or
+// not a purger thread runs (this test's process may have one from earlier tests, the fresh
+// thread's heap is destroyed by another thread).
+TEST(ProgramHeap, ADestroyGivesItsMemoryBackAtOnce) {
+  if (!tray_test::kResidentBoundsHold) GTEST_SKIP() << "resident sizes mean nothing here";
+  for (const bool from_another_thread : {false, true}) {
+    SCOPED_TRACE(from_another_thread ? "filled by another thread" : "filled by this thread");
+    const size_t before = tray_test::resident_bytes();
+    tray_heap_t* heap = tray_heap_new();
+    ASSERT_NE(heap, nullptr);
+    auto fill_it = [heap] {
+      for (size_t i = 0, bytes = 0; bytes < 96 * kMiB; ++i) {
+        const size_t size = size_of(i);
+        void* p = tray_heap_malloc(heap, size);
+        ASSERT_NE(p, nullptr);
+        std::memset(p, 0x5a, size);
+        bytes += size;
+      }
+    };
+    if (from_another_thread) std::thread(fill_it).join();
+    else fill_it();
+    ASSERT_GE(tray_test::resident_bytes(), before + 80 * kMiB);
+    tray_heap_destroy(heap);
+    EXPECT_LE(tray_test::resident_bytes(), before + tray_test::rss_slack(before))
+        << "resident before " << before / kMiB << " MiB, after the destroy "
+        << tray_test::resident_bytes() / kMiB << " MiB";
+  }
+}
+
 TEST(ProgramHeap, ManyHeapsComeAndGo) {
   const unsigned long long heaps_before = tray_test::stats_now().heaps_created;
   for (int i = 0; i < 2000; ++i) {
