@@ -108,6 +108,7 @@ void slot_return(Heap* heap, unsigned c) {
     heap->books[c].sample_rest_blocks = 0;
     returned += blocks;
   }
+  if (heap_counts_at_call(heap)) return;  // its allocations were counted one by one
   TRAY_ASSERT(returned <= heap->books[c].loaded);
   heap->books[c].loaded -= returned;
   slot_count_load(heap, c, 0, 0);
