@@ -120,7 +120,8 @@ TRAY_EXPORT int tray_option_set(const char* name, const char* value);
 #define TRAY_CANARY_BYTE 0xfdu
 
 /* --- statistics ------------------------------------------------------------------------------ */
-#define TRAY_STATS_VERSION 3  /* 2: without the memory_limit fields; 1: without unit_map_bytes either */
+#define TRAY_STATS_VERSION 4  /* 3: requested_bytes exact; 2: without the memory_limit fields;
+                                 1: without unit_map_bytes either */
 #define TRAY_STATS_MAX_CLASSES 64
 
 typedef struct tray_class_stats {
@@ -133,7 +134,11 @@ typedef struct tray_class_stats {
   unsigned long long frees;
   unsigned long long pages;            /* pages the class holds now */
   unsigned long long peak_pages;
-  unsigned long long requested_bytes;  /* sum of the sizes asked for, over all allocations */
+  /* The sizes asked for, over all allocations, estimated (since version 4): each list of
+     blocks a thread takes in counts at the size of the request that made it take the list, so
+     the estimate stays within the class's span of sizes (docs/GUIDE.md, "How exact the counts
+     are"). */
+  unsigned long long requested_bytes;
 } tray_class_stats;
 
 typedef struct tray_stats {
@@ -174,9 +179,11 @@ typedef struct tray_stats {
   unsigned long long memory_limit_reached, memory_limit_failures, memory_limit_released_bytes;
 } tray_stats;
 
-/* Fills *out, whose version the caller has set to TRAY_STATS_VERSION; returns 0, or EINVAL
- * for NULL or a version this library does not know. Counters of running threads are read as
- * they are: exact once the threads are quiet. */
+/* Fills *out, whose version the caller has set to TRAY_STATS_VERSION (or an older one);
+ * returns 0, or EINVAL for NULL or a version this library does not know. The counts are exact
+ * for the calling thread's blocks and for threads that ended; those of other running threads
+ * trail by at most the blocks of the pages they use (docs/GUIDE.md, "How exact the counts
+ * are"). */
 TRAY_EXPORT int tray_stats_get(tray_stats* out);
 
 typedef void (*tray_write_fn)(void* context, const char* text, size_t length);

@@ -303,7 +303,7 @@ using namespace tray;
 extern "C" {
 
 // Callers of older versions have the struct without the fields added since: 2 ends before
-// the memory limit's, 1 before unit_map_bytes.
+// the memory limit's, 1 before unit_map_bytes. 3 has the layout of 4.
 TRAY_EXPORT int tray_stats_get(tray_stats* out) {
   if (out == nullptr || out->version == 0 || out->version > TRAY_STATS_VERSION) return EINVAL;
   if (out->version == TRAY_STATS_VERSION) {
@@ -313,8 +313,9 @@ TRAY_EXPORT int tray_stats_get(tray_stats* out) {
   tray_stats all;
   stats_collect(&all);
   all.version = out->version;
-  const size_t bytes = out->version == 1 ? offsetof(tray_stats, unit_map_bytes)
-                                         : offsetof(tray_stats, memory_limit_bytes);
+  const size_t bytes = out->version == 1   ? offsetof(tray_stats, unit_map_bytes)
+                       : out->version == 2 ? offsetof(tray_stats, memory_limit_bytes)
+                                           : sizeof(tray_stats);
   __builtin_memcpy(out, &all, bytes);
   return 0;
 }

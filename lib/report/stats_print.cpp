@@ -12,8 +12,9 @@ namespace tray {
 namespace {
 
 // The JSON dump's format: a key added keeps it (readers skip keys they do not know); a key
-// renamed, removed or given another meaning changes it (tools/tray-stats checks it).
-constexpr unsigned kJsonFormatVersion = 1;
+// renamed, removed or given another meaning changes it (tools/tray-stats checks it). 2:
+// requested_bytes is an estimate; 1 counted it exactly.
+constexpr unsigned kJsonFormatVersion = 2;
 
 uint64_t class_capacity(const tray_class_stats& c) { return c.pages * c.blocks_per_page; }
 // Bytes handed out beyond what was asked for, over all allocations of the class.

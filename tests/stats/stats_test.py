@@ -22,7 +22,7 @@ from pathlib import Path
 
 LIBRARY = None  # set from the command line
 PROBE = None
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # Dumps print ratios with three decimals.
 RATIO_STEP = 0.001 + 1e-9
 

@@ -187,9 +187,9 @@ class NewerAndBrokenDumpTest(unittest.TestCase):
 
     def test_other_format_version(self):
         dump = copy.deepcopy(self.exit_dump)
-        dump["traymalloc_stats"] = 2
-        self.assert_fails(self.run_on([dump]), "line 1: format version 2",
-                          "reads version 1 only")
+        dump["traymalloc_stats"] = 3
+        self.assert_fails(self.run_on([dump]), "line 1: format version 3",
+                          "reads versions 1 and 2")
 
     def test_not_a_dump(self):
         self.assert_fails(self.run_on([{"hello": 1}]), "not a traymalloc statistics dump")

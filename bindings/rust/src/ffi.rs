@@ -9,7 +9,7 @@ use std::os::raw::{c_char, c_int, c_uint, c_ulonglong, c_void};
 /// Largest alignment the aligned functions accept (`TRAY_MAX_ALIGNMENT`).
 pub const TRAY_MAX_ALIGNMENT: usize = 1 << 29;
 /// The newest `tray_stats` layout these declarations describe.
-pub const TRAY_STATS_VERSION: c_uint = 3;
+pub const TRAY_STATS_VERSION: c_uint = 4;
 pub const TRAY_STATS_MAX_CLASSES: usize = 64;
 pub const TRAY_STATS_TEXT: c_uint = 0;
 pub const TRAY_STATS_JSON: c_uint = 1;

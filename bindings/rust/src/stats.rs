@@ -8,12 +8,12 @@ use std::slice;
 
 use crate::ffi;
 
-/// The allocator's counters (`tray_stats`), process-wide. Counters of running threads are read
-/// as they are: exact once the threads are quiet. docs/GUIDE.md, "Statistics", says what each
-/// one counts.
+/// The allocator's counters (`tray_stats`), process-wide: exact for the calling thread's blocks
+/// and for threads that ended; other running threads' trail by at most the blocks of the pages
+/// they use. docs/GUIDE.md, "Statistics", says what each one counts and how exact it is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// The `tray_stats` version the library filled: 3 for this tree's, less for an older
+    /// The `tray_stats` version the library filled: 4 for this tree's, less for an older
     /// installed library, which leaves the newer fields `None`.
     pub version: u32,
     /// One entry per size class, smallest blocks first.
@@ -67,7 +67,8 @@ pub struct ClassStats {
     /// Pages the class holds now.
     pub pages: u64,
     pub peak_pages: u64,
-    /// Sum of the sizes asked for, over all allocations.
+    /// Sum of the sizes asked for, over all allocations; an estimate since version 4 (each list
+    /// of blocks a thread takes in counts at the size of the request that took it in).
     pub requested_bytes: u64,
 }
 
@@ -117,7 +118,7 @@ impl Stats {
 /// older versions are tried in turn, as the header's version protocol lays out.
 ///
 /// # Panics
-/// If the library knows none of the versions 1 to 3, which no traymalloc does.
+/// If the library knows none of the versions 1 to 4, which no traymalloc does.
 pub fn stats() -> Stats {
     let mut raw = MaybeUninit::<ffi::tray_stats>::zeroed();
     for version in (1..=ffi::TRAY_STATS_VERSION).rev() {
@@ -279,7 +280,7 @@ mod tests {
 
     #[test]
     fn the_struct_has_the_headers_layout() {
-        // sizeof and offsetof of include/traymalloc.h's tray_stats (version 3) on LP64.
+        // sizeof and offsetof of include/traymalloc.h's tray_stats (versions 3 and 4) on LP64.
         let raw = MaybeUninit::<ffi::tray_stats>::uninit();
         let base = raw.as_ptr() as usize;
         let offset = |field: *const u64| field as usize - base;
