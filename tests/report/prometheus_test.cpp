@@ -157,9 +157,13 @@ TEST_F(StatsFileTest, JsonDumpsAreAppended) {
   EXPECT_EQ(lines_of(read_file(path_)).size(), 2u);
 }
 
+// The cases that run in a child process of their own: the DeathTest suffix lets the emulated
+// arm64 run leave them out with the other re-executed tests (tools/run-tests).
+using StatsFileDeathTest = StatsFileTest;
+
 // A dump that does not fit (here RLIMIT_FSIZE; a full disk alike) leaves the previous one in
 // place, and no temporary file.
-TEST_F(StatsFileTest, AFailedWriteKeepsThePreviousDump) {
+TEST_F(StatsFileDeathTest, AFailedWriteKeepsThePreviousDump) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
@@ -183,7 +187,7 @@ TEST_F(StatsFileTest, AFailedWriteKeepsThePreviousDump) {
 
 // Where the temporary file cannot be made, the dump goes to stderr, as when stats_file cannot
 // be opened for the other formats.
-TEST_F(StatsFileTest, AFolderThatIsMissingSendsTheDumpToStderr) {
+TEST_F(StatsFileDeathTest, AFolderThatIsMissingSendsTheDumpToStderr) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const std::string missing = folder_ + "/missing/app.prom";
   EXPECT_EXIT(
