@@ -148,8 +148,8 @@ typedef struct tray_stats {
   struct {
     unsigned long long allocations, frees, live_blocks, live_bytes, peak_bytes;
     unsigned long long mapped_bytes;   /* address space of live and cached large blocks */
-    /* Freed large memory kept for reuse: mappings in the cache, span chunks (blocks of
-       128 KiB..4 MiB) with free pages still resident, each counted as one block, and freed
+    /* Freed large memory kept for reuse: mappings in the cache, span chunks (large blocks
+       up to 4 MiB) with free pages still resident, each counted as one block, and freed
        span blocks kept whole for the next request of their size (their touched bytes). */
     unsigned long long cached_blocks, cached_bytes;
   } large;

@@ -68,8 +68,9 @@ void* aligned_untracked(size_t size, size_t alignment, bool zero) {
   }
   // A class whose block size is a multiple of the alignment has every block aligned, since
   // pages start on a unit boundary.
-  if (alignment <= kUnitBytes && size <= kMaxSmallBytes) {
-    for (unsigned c = size_class_of(size < alignment ? alignment : size); c < kSizeClassCount; ++c) {
+  // Not a big class, which a heap may serve with a large block (heap/tails.cpp) unaligned.
+  if (alignment <= kUnitBytes && size <= kBigClassThresholdBytes) {
+    for (unsigned c = size_class_of(size < alignment ? alignment : size); c < kFirstBigClass; ++c) {
       if (class_size(c) % alignment != 0) continue;
       void* p = heap_alloc_class(c, size);
       if (zero && p != nullptr) zero_fill(p, size);
@@ -79,20 +80,28 @@ void* aligned_untracked(size_t size, size_t alignment, bool zero) {
   return alloc_slow(size, alignment, zero);
 }
 
+// Big zeroed requests are large blocks, which clear only what was written before (a block of
+// a big class would be cleared, and faulted in, whole).
 void* zeroed_untracked(size_t total) {
-  if (total > kMaxSmallBytes || TRAY_UNLIKELY(debug_mode())) return alloc_slow(total, 0, true);
+  if (total > kBigClassThresholdBytes || TRAY_UNLIKELY(debug_mode())) return alloc_slow(total, 0, true);
   void* p = heap_alloc_small(total);
   if (p != nullptr) zero_fill(p, total);
   return p;
 }
 
+TRAY_NOINLINE void* alloc_large_slow(size_t size, size_t alignment, bool zero);
+
 // The block that a moving realloc puts in p's place: a block of a program heap moves within
-// it, whichever heap the thread allocates into now.
-void* alloc_replacing(const void* p, size_t size) {
+// it, whichever heap the thread allocates into now. A block that grows past the plain classes
+// becomes a large block, which later growth extends in place (a big class's block would be
+// copied at every class boundary).
+void* alloc_replacing(const void* p, size_t size, bool growing = false) {
+  const bool large = growing && size > kBigClassThresholdBytes;
   ProgramHeap* home = program_heap_of_block(p);
-  if (TRAY_LIKELY(home == nullptr)) return alloc(size);
+  if (TRAY_LIKELY(home == nullptr)) return large ? alloc_large_slow(size, 0, false) : alloc(size);
   TargetScope into(home);
-  return into.ready() ? alloc(size) : out_of_memory();
+  if (!into.ready()) return out_of_memory();
+  return large ? alloc_large_slow(size, 0, false) : alloc(size);
 }
 
 // realloc in TRAY_VALGRIND and TRAY_ASAN builds: always a new block, since the tools could not
@@ -210,12 +219,13 @@ TRAY_NOINLINE void* alloc_large_slow(size_t size, size_t alignment, bool zero) {
 // restored registers.
 void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept {
   if (TRAY_UNLIKELY(debug_mode())) return debug_alloc(size, alignment, zero);
-  if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment) {
-    TRAY_ASSERT(!zero);
+  if (size <= kMaxSmallBytes && alignment <= kNaturalAlignment && !zero) {
     return heap_malloc_slow(tls_heap, size_class_of(size), size);
   }
   return alloc_large_slow(size, alignment, zero);
 }
+
+void* alloc_large_block(size_t size) noexcept { return alloc_large_slow(size, 0, false); }
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept {
   [[maybe_unused]] TrackScope scope;
@@ -257,11 +267,11 @@ void* reallocate(void* p, size_t size) noexcept {
     LargeHeader* header = large_mapping_of(p, kind);
     if (header == nullptr || header->user != p) large_report_bad_free("realloc", header, p);
     old_usable = large_usable_size(header);
-    // Large stays large (resized in place or moved by the kernel) unless it shrinks into the
-    // small classes for good. The kernel cannot move a range that spans two of its mappings
-    // (the large cache joins neighbours): then the block is copied like a small one. Either
-    // way the new size is a new allocation to the samplers.
-    if (size > kMaxSmallBytes || size >= old_usable / 2) {
+    // Large stays large (resized in place or moved by the kernel) unless it shrinks below the
+    // big classes, or to less than half. The kernel cannot move a range that spans two of its
+    // mappings (the large cache joins neighbours): then the block is copied like a small one.
+    // Either way the new size is a new allocation to the samplers.
+    if (size > kBigClassThresholdBytes || size >= old_usable / 2) {
       if (void* moved = large_resize(header, size); moved != nullptr) {
         LargeHeader* resized = large_mapping_of(moved, chunk_kind(moved));
         Heap* heap = tls_own_heap;
@@ -271,7 +281,7 @@ void* reallocate(void* p, size_t size) noexcept {
       }
     }
   }
-  void* fresh = alloc_replacing(p, size);
+  void* fresh = alloc_replacing(p, size, size > old_usable);
   if (fresh == nullptr) return nullptr;
   std::memcpy(fresh, p, size < old_usable ? size : old_usable);
   dealloc(p);

@@ -33,6 +33,9 @@ void* alloc_slow(size_t size, size_t alignment, bool zero) noexcept;
 void free_slow(void* p, Page* page) noexcept;
 // A live large block goes back (the heap profile forgets it if it holds it).
 void free_large(LargeHeader* header);
+// A large block of `size` bytes, as a request above the classes gets one: for a big class that
+// the thread's heap uses too seldom for a page (g_events.big_block_alloc).
+void* alloc_large_block(size_t size) noexcept;
 
 void* alloc_aligned(size_t size, size_t alignment, bool zero) noexcept;
 void* alloc_zeroed(size_t count, size_t size) noexcept;

@@ -116,6 +116,8 @@ void on_heap_attached(Heap* heap) {
 // The memory limit is reached: all that can go goes, the heaps' sparse pages included.
 void reclaim_memory() { trim_all(); }
 
+void* big_block_alloc(size_t size) { return alloc_large_block(size); }
+
 // Debug mode runs no purger: its checked heaps give back no page they empty.
 void start_purger() { purger_start(!debug_mode()); }
 
@@ -126,6 +128,7 @@ extern constinit const EventHandlers g_events = {
     .sampled_alloc = sample_alloc,
     .heap_attached = on_heap_attached,
     .reclaim_memory = reclaim_memory,
+    .big_block_alloc = big_block_alloc,
 };
 
 }  // namespace tray

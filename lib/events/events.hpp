@@ -35,6 +35,10 @@ struct EventHandlers {
   // the caches, the pool, the heaps' empty and sparse pages (api/). Called where the allocator
   // is about to take memory from the OS, with none of its locks held.
   void (*reclaim_memory)();
+  // A block of a big class of `size` bytes (heap/tails.cpp), which the calling thread's heap
+  // uses too seldom for a page of its own: a large block (api/), or nullptr with errno set.
+  // From an allocation slow path holding no allocator lock, the heap consistent.
+  void* (*big_block_alloc)(size_t size);
 };
 extern const EventHandlers g_events;
 

@@ -54,6 +54,15 @@ inline constexpr uint64_t kRemoteReclaimIdleMs = 2;
 inline constexpr uint32_t kRemoteReclaimRuns = 8192;
 inline constexpr unsigned kRemoteReclaimPages = 256;
 
+// A heap takes a page of a big class once it asked for more than this many of its blocks
+// within the purge delay; until then they are large blocks (tails.cpp).
+inline constexpr uint32_t kBigPageAfterBlocks = 4;
+
+// The tails of free blocks of big classes (tails.cpp) a heap keeps in memory for its next
+// allocations: at most the larger of these; past it, the least recently used go back at once.
+inline constexpr size_t kHeapBigFreeFloorBytes = size_t{2} << 20;
+inline constexpr size_t kHeapBigFreePercent = 100;
+
 // Empty pages a heap keeps in its queues, so that a working set that swings by a page or two
 // does not hand pages to the pool and take them back on every swing.
 inline constexpr size_t kHeapRetainedBytes = size_t{1} << 20;

@@ -15,8 +15,9 @@
 //
 // Block starts. A free must name a block's first byte: the offset into the page times
 // Page::start_divisor (2^64 / block size, rounded up) is below that divisor, modulo 2^64,
-// exactly when the offset is a multiple of the block size (exact for offsets below 2^(64 - 17),
-// and a page's stay below 2^22). A pointer into a block is refused before it reaches a list.
+// exactly when the offset is a multiple of the block size (exact while the offset times the
+// block size stays below 2^63: a page's offsets stay below 2^22, its blocks at 2^21 bytes at
+// most). A pointer into a block is refused before it reaches a list.
 //
 // The free key. Every block on a free list, in a remote-free batch or on its way to its owner
 // carries its page's descriptor address in its second word (every class holds at least two

@@ -54,7 +54,8 @@ bool release_empty_pages(Heap* heap) {
   remote_drain(heap);
   if (heap->checked) return false;
   heap_settle(heap);  // a slot's blocks are free blocks of its page
-  bool released = false;
+  bool released = sparse_give_back_big(heap);
+  heap->big_free_held = false;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     for (Page* page = heap->queues[c].head; page != nullptr;) {
       Page* next = page->next;
@@ -86,7 +87,7 @@ uint64_t collect_parked_locked(bool every_heap, bool* released) {
   const uint64_t now = os::now_ms();
   auto needs_work = [&](const Heap* heap) {
     return every_heap || heap->remote_free.load(std::memory_order_relaxed) != nullptr ||
-           (heap->retained_bytes != 0 && now - heap->parked_ms >= kPurgeDelayMs);
+           ((heap->retained_bytes != 0 || heap->big_free_held) && now - heap->parked_ms >= kPurgeDelayMs);
   };
   Heap* work = nullptr;
   {
@@ -121,7 +122,7 @@ uint64_t collect_parked_locked(bool every_heap, bool* released) {
   os::LockGuard guard(g_heaps_lock);
   for (Heap* heap = g_parked.load(std::memory_order_acquire); heap != nullptr;
        heap = heap->next_abandoned)
-    if (heap->retained_bytes != 0) due = std::min(due, heap->parked_ms + kPurgeDelayMs);
+    if (heap->retained_bytes != 0 || heap->big_free_held) due = std::min(due, heap->parked_ms + kPurgeDelayMs);
   return due;
 }
 
@@ -211,6 +212,8 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
       // Debug mode checks each block's link when it hands the block out again; a checked
       // heap's pages keep their lists as they are.
       if (page->came_home && !heap->checked) page_recarve(page);
+    } else if (is_big_class(page->size_class)) {
+      sparse_big_page_emptied(heap, page);  // its pages are bigger than the budget
     } else {
       release_page(heap, page);
     }
@@ -266,6 +269,8 @@ void heap_free_remote(Page* page, Block* block) noexcept {
 
 void heap_free_home(Heap* self, Page* page, Block* block) noexcept {
   free_key_check_and_set(page, block);
+  // Big classes' pages carry no thread: their frees come here (tails.cpp).
+  if (is_big_class(page->size_class)) sparse_big_freed(self, page);
   page_free_local(self, page, block);
 }
 
@@ -350,7 +355,8 @@ void heap_detach_thread(Heap* heap) {
     purger_wake();
   count_add(g_totals.threads_exited, 1);
   // Read before parking: from then on the next thread to start may own the heap.
-  const bool holds_pages = heap->retained_bytes != 0;
+  heap->big_free_held = sparse_big_free_held(heap);
+  const bool holds_pages = heap->retained_bytes != 0 || heap->big_free_held;
   heap->parked_ms = os::now_ms();
   count_add(g_totals.heaps_abandoned, 1);
   park(heap, heap);

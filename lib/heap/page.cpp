@@ -13,7 +13,12 @@
 namespace tray {
 
 Page* page_acquire(Heap* heap, unsigned size_class) {
-  Page* page = segment_take_page(class_slab_units(size_class));
+  // A big class's page touches a block at a time (page_extend), and holds only what it touched.
+  const bool big = is_big_class(size_class);
+  size_t resident_bytes = 0;
+  Page* page = segment_take_page(class_slab_units(size_class),
+                                 big ? class_size(size_class) : class_slab_bytes(size_class),
+                                 &resident_bytes);
   if (page == nullptr) return nullptr;
   page->free = list_end();
   page->used = 0;
@@ -25,10 +30,13 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page->scrubbed_used = 0;
   page->given_back = 0;
   page->capacity = 0;
-  page->carved_before = 0;
   page->accounted = 0;
   page->reserved = class_blocks_per_page(size_class);
   page->block_bytes = uint32_t(class_size(size_class));
+  // It carves a block at a time, except the blocks on units that hold memory already (another
+  // page's, freed): at once, so that their memory is in free blocks, whose tails go back as any
+  // free block's do (tails.cpp), not hidden past the carved part.
+  page->carved_before = big ? uint32_t(std::min<size_t>(page->reserved, div_ceil(resident_bytes, page->block_bytes))) : 0;
   page->size_class = uint8_t(size_class);
   page->next = page->prev = nullptr;
   page->heap = heap;
@@ -37,7 +45,12 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   page_set_owner_thread(page, heap->owner_thread);
   if (heap->kind == OwnerKind::kPart) counter_add(heap->page_units, page->unit_count);
   page_arm_checks(page);
-  page_extend(page);
+  // The first block is held already: if the memory limit refuses the resident ones after it
+  // (clean units among them), the page starts with it alone.
+  if (!page_extend(page)) {
+    page->carved_before = 0;
+    page_extend(page);
+  }
   ClassTotals& totals = g_totals.classes[size_class];
   count_max(totals.peak_pages, totals.pages.fetch_add(1, std::memory_order_relaxed) + 1);
   return page;
@@ -81,7 +94,8 @@ void page_recarve(Page* page) {
   TRAY_ASSERT(page->used == 0 && !page->floating);
   sparse_forget(page);
   page->free = list_end();
-  page->carved_before = page->capacity;
+  // Carved before, in any life of the page (a program heap may reset it twice in a row).
+  if (page->capacity > page->carved_before) page->carved_before = page->capacity;
   page->capacity = 0;
   page->came_home = false;
 }
@@ -106,17 +120,25 @@ TRAY_INLINE void prefetch_next_extension(const Page* page, uint32_t count) {
 
 }  // namespace
 
-void page_extend(Page* page) {
+bool page_extend(Page* page) {
   TRAY_ASSERT(page_can_extend(page));
   const size_t block = page->block_bytes;
   uint32_t count = uint32_t(kPageExtendBytes / block);
   if (count < kPageExtendMinBlocks) count = kPageExtendMinBlocks;
+  // A big class's page carves a block at a time: every block on its list was handed out once,
+  // so what the list holds is what may be in memory (heap/tails.cpp), and a block of hundreds
+  // of KiB is worth a slow path.
+  if (is_big_class(page->size_class)) count = 1;
   // Carving little at a time keeps a barely used page barely resident; blocks carved before
   // a recarve are resident already, and one extension for them all saves a slow path per
   // kPageExtendBytes (a program heap's reset recarves every page it keeps).
   if (page->capacity < page->carved_before && page->carved_before - page->capacity > count)
     count = page->carved_before - page->capacity;
   if (count > page->reserved - page->capacity) count = page->reserved - page->capacity;
+  // A big class's page counts as held only what it touches; the memory limit may refuse more.
+  if (is_big_class(page->size_class) &&
+      !segment_page_touch(page, size_t(page->capacity + count) * block))
+    return false;
   // Link in address order, so a fresh page hands out ascending addresses (friendly to the
   // hardware prefetcher), onto the front of whatever the free list holds.
   uint8_t* first = page->blocks + size_t(page->capacity) * block;
@@ -127,6 +149,7 @@ void page_extend(Page* page) {
   page->free = reinterpret_cast<Block*>(first);
   page->capacity += count;
   prefetch_next_extension(page, count);
+  return true;
 }
 
 }  // namespace tray

@@ -14,8 +14,10 @@ Page* page_acquire(Heap* heap, unsigned size_class);
 void page_release(Page* page);
 // Size of the page's debug state table (one word per block, whole OS pages).
 size_t page_debug_states_bytes(const Page* page);
-// Carves more blocks onto the free list; the page must have untouched blocks left.
-void page_extend(Page* page);
+// Carves more blocks onto the free list; the page must have untouched blocks left. False
+// (nothing carved) if the memory limit refuses a big class's next block: the page may then
+// float before it is carved whole (queue.cpp).
+bool page_extend(Page* page);
 // An empty page that its heap keeps (every carved block free), which took in blocks from other
 // threads: its free list is dropped, and its blocks are carved again, in address order, when
 // it is allocated from next.

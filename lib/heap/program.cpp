@@ -100,6 +100,7 @@ void empty_part(Heap* part, bool keep, uint64_t* freed) {
   }
   part->full_pages = nullptr;
   part->retained_bytes = 0;
+  for (Page*& empty : part->big_empty) empty = nullptr;  // every page is dealt with below
   size_t kept = 0;
   while (Page* page = pages) {
     pages = page->next;

@@ -2,6 +2,7 @@
 
 #include "heap/hardening.hpp"
 #include "heap/page.hpp"
+#include "heap/sparse.hpp"
 #include "platform/platform.hpp"
 #include "stats/stats.hpp"
 
@@ -45,9 +46,9 @@ void splice_onto_page(Page* page, Block* first, Block* last, uint32_t blocks) {
 }
 
 // Blocks of the page out of its free list: live, on their way back, or in the class's slot
-// (a floating page: every block).
+// (a floating page: every block carved).
 uint32_t page_out(const Heap* heap, const Page* page) {
-  if (page->floating) return page->reserved;
+  if (page->floating) return page->capacity;
   return page->used - (class_page(heap, page->size_class) == page ? 1 : 0);
 }
 
@@ -70,10 +71,13 @@ Block* slot_take_page_list(Heap* heap, unsigned c, size_t size, uint32_t* blocks
   TRAY_ASSERT(heap->slots[c].head == list_end() && heap->books[c].sample_rest == nullptr);
   page_account(heap, page);
   // The page's free list holds every carved block not out and not given back; with none given
-  // back, that is a count, not a walk.
+  // back, that is a count, not a walk. A big class's blocks stay on the list when their tails
+  // go back, and come back with it.
   Block* last = nullptr;
-  const uint32_t count = page->given_back ? walk_list(page, page->free, &last)
-                                          : page->capacity + 1 - page->used;
+  const bool big = is_big_class(c);
+  const uint32_t count = page->given_back && !big ? walk_list(page, page->free, &last)
+                                                  : page->capacity + 1 - page->used;
+  if (big && page->given_back) sparse_list_taken(page);
   Block* list = page->free;
   page->free = list_end();
   page->used += count;
@@ -205,6 +209,8 @@ void queue_push_back(Heap* heap, Page* page) {
 }
 
 void release_page(Heap* heap, Page* page) {
+  if (is_big_class(page->size_class) && heap->big_empty[page->size_class - kFirstBigClass] == page)
+    heap->big_empty[page->size_class - kFirstBigClass] = nullptr;
   queue_remove(heap, page);
   page_account(heap, page);
   if (page->retained) {
@@ -238,7 +244,9 @@ void page_unfloat(Heap* heap, Page* page) {
     page->next = page->prev = nullptr;
   }
   page->floating = false;
-  page->used = page->reserved - 1;
+  // Every block it carved was out (a big class's page may float before it is carved whole,
+  // when the memory limit refused its next block: page_extend).
+  page->used = page->capacity - 1;
   page_set_owner_thread(page, heap->owner_thread);
   queue_push_back(heap, page);
 }

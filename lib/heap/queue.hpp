@@ -79,7 +79,10 @@ TRAY_INLINE uintptr_t page_owner_thread(const Page* page) {
   return page->owner_thread;
 #endif
 }
+// A big class's page carries none: its owner's frees take the slow path, where they count
+// against what the heap keeps of free big blocks (heap/tails.cpp).
 TRAY_INLINE void page_set_owner_thread(Page* page, uintptr_t thread) {
+  if (is_big_class(page->size_class)) thread = 0;
   __atomic_store_n(&page->owner_thread, thread, __ATOMIC_RELAXED);
 }
 // The heap gets the thread whose fast paths use it from now on (0: none), and so does every

@@ -188,7 +188,7 @@ TRAY_INLINE void check_slot(Heap* heap, unsigned c) {
 
 // Fills class c's dry slot and pops from it: at a sample point, from blocks freed into the
 // class's page, from another page of the queue, or from a new one.
-TRAY_INLINE void* refill_pop(Heap* heap, unsigned c, size_t size) {
+TRAY_INLINE void* refill_loop(Heap* heap, unsigned c, size_t size) {
   for (;;) {
     check_slot(heap, c);
     if (heap->books[c].sample_rest != nullptr) return sample_point(heap, c, size);
@@ -202,6 +202,21 @@ TRAY_INLINE void* refill_pop(Heap* heap, unsigned c, size_t size) {
     // Dry again only where the load's first block is a sample point.
     if (void* p = heap_pop(heap, c * kSlotIndexScale); TRAY_LIKELY(p != nullptr)) return p;
   }
+}
+
+// A big class's slot ran dry: a block every few allocations, each of hundreds of KiB. The
+// heap serves a class it uses too seldom with large blocks (tails.cpp), and looks at the tails
+// of its free blocks (at most every kSparsePassMs), as taking a page does for the others.
+TRAY_NOINLINE void* refill_big(Heap* heap, unsigned c, size_t size) {
+  if (heap->queues[c].head == nullptr && !sparse_big_wants_page(heap, c))
+    return g_events.big_block_alloc(class_size(c));
+  sparse_pass(heap, false);
+  return refill_loop(heap, c, size);
+}
+
+TRAY_INLINE void* refill_pop(Heap* heap, unsigned c, size_t size) {
+  if (TRAY_UNLIKELY(is_big_class(c))) return refill_big(heap, c, size);
+  return refill_loop(heap, c, size);
 }
 
 // A malloc whose class's slot is dry, on a heap a thread owns: options changed since the heap

@@ -269,7 +269,8 @@ struct RunList {
 // Every later write to `floating` (a block coming back) happens before the taker can hold
 // that block again, so a page read as floating was not taken back in since.
 bool page_all_in_hand(const Page* page, uint64_t blocks_in_hand) {
-  return blocks_in_hand == page->reserved && __atomic_load_n(&page->floating, __ATOMIC_ACQUIRE);
+  // `capacity` after `floating`: the owner wrote it before, and never while the page floats.
+  return __atomic_load_n(&page->floating, __ATOMIC_ACQUIRE) && blocks_in_hand == page->capacity;
 }
 
 // Puts first.. (a list ending in nullptr, whose last block is not known) back on the owner's

@@ -7,6 +7,8 @@
 #include "core/core.hpp"
 #include "heap/config.hpp"
 #include "heap/hardening.hpp"
+#include "heap/os_pages.hpp"
+#include "heap/tails.hpp"
 #include "heap/queue.hpp"
 #include "options/options.hpp"
 #include "platform/platform.hpp"
@@ -18,119 +20,14 @@ namespace tray {
 
 namespace {
 
-constexpr unsigned kMaxOsPagesPerUnit = 16;  // the width of Segment::sparse_purged
 // The release double-free check's (hardening.hpp) backstop for the blocks whose key went with
 // their OS page.
 constexpr bool kReleaseChecks = TRAY_HARDENING != 0;
 constexpr size_t kMaxBlocksPerPage = kUnitBytes / kNaturalAlignment;
-constexpr size_t kMaxOsPagesPerPage = kUnitsPerSegment * kMaxOsPagesPerUnit;
-
-template <size_t kBits>
-class BitSet {
- public:
-  void set(size_t i) { words_[i / 64] |= uint64_t{1} << (i % 64); }
-  bool test(size_t i) const { return (words_[i / 64] >> (i % 64)) & 1; }
-  // Fewer than 64 bits from `first`, within the word that holds it.
-  void put_bits(size_t first, uint64_t value) { words_[first / 64] |= value << (first % 64); }
-  uint64_t bits(size_t first, unsigned count) const {
-    return (words_[first / 64] >> (first % 64)) & ((uint64_t{1} << count) - 1);
-  }
-  // Set operations on the bits under `end`.
-  void add(const BitSet& other, size_t end) {
-    for (size_t w = 0; w * 64 < end; ++w) words_[w] |= other.words_[w];
-  }
-  void remove(const BitSet& other, size_t end) {
-    for (size_t w = 0; w * 64 < end; ++w) words_[w] &= ~other.words_[w];
-  }
-  // Ranges a word at a time: a page of 16-byte blocks has 256 of them on each OS page.
-  void set_range(size_t first, size_t last) {  // inclusive
-    for (size_t w = first / 64; w <= last / 64; ++w) words_[w] |= mask(w, first, last);
-  }
-  void clear_range(size_t first, size_t last) {  // inclusive
-    for (size_t w = first / 64; w <= last / 64; ++w) words_[w] &= ~mask(w, first, last);
-  }
-  bool all_in(size_t first, size_t last) const {  // inclusive
-    for (size_t w = first / 64; w <= last / 64; ++w)
-      if ((words_[w] & mask(w, first, last)) != mask(w, first, last)) return false;
-    return true;
-  }
-  // Every set bit under `end`, in order.
-  template <typename Visit>
-  void for_each(size_t end, Visit visit) const {
-    for (size_t w = 0; w * 64 < end; ++w)
-      for (uint64_t word = words_[w]; word != 0; word &= word - 1) {
-        const size_t i = w * 64 + size_t(std::countr_zero(word));
-        if (i >= end) return;
-        visit(i);
-      }
-  }
-
- private:
-  // The bits of word `w` that lie in [first, last].
-  static uint64_t mask(size_t w, size_t first, size_t last) {
-    const uint64_t from = w == first / 64 ? ~uint64_t{0} << (first % 64) : ~uint64_t{0};
-    const uint64_t to = w == last / 64 ? ~uint64_t{0} >> (63 - last % 64) : ~uint64_t{0};
-    return from & to;
-  }
-
-  static constexpr size_t kWords = kBits / 64;
-  uint64_t words_[kWords] = {};
-};
-using OsPageSet = BitSet<kMaxOsPagesPerPage>;
 using BlockSet = BitSet<kMaxBlocksPerPage>;
-
-struct Geometry {
-  size_t os_page;
-  unsigned os_page_shift;  // a shift, not a division, in loops over a page's lines
-  unsigned per_unit;       // OS pages per unit
-};
-
-// 0 OS pages per unit where they do not fit the header's 16 bits (pages under 4 KiB).
-Geometry geometry() {
-  const size_t os_page = os::page_size();
-  const size_t per_unit = kUnitBytes / os_page;
-  return {os_page, floor_log2(os_page), per_unit <= kMaxOsPagesPerUnit ? unsigned(per_unit) : 0};
-}
-
-uint16_t* purged_words(const Page* page) {
-  Segment* segment = segment_of(page);
-  return &segment->sparse_purged[page - segment->pages];
-}
-
-// A unit's OS pages are a power of two of at most 16, so a unit's bits never straddle two
-// words of the set.
-OsPageSet load_purged(const Page* page, Geometry g, bool* any) {
-  OsPageSet set;
-  uint16_t all = 0;
-  const uint16_t* words = purged_words(page);
-  for (unsigned u = 0; u < page->unit_count; ++u) {
-    set.put_bits(u * g.per_unit, words[u]);
-    all = uint16_t(all | words[u]);
-  }
-  *any = all != 0;
-  return set;
-}
-
-void store_purged(Page* page, Geometry g, const OsPageSet& set) {
-  uint16_t* words = purged_words(page);
-  uint16_t any = 0;
-  for (unsigned u = 0; u < page->unit_count; ++u) {
-    const auto word = uint16_t(set.bits(u * g.per_unit, g.per_unit));
-    words[u] = word;
-    any = uint16_t(any | word);
-  }
-  page->given_back = any != 0;
-}
 
 Block* block_at(const Page* page, size_t i) {
   return reinterpret_cast<Block*>(page->blocks + i * page->block_bytes);
-}
-
-size_t purged_bytes(const Page* page, Geometry g) {
-  size_t count = 0;
-  const uint16_t* words = purged_words(page);
-  for (unsigned u = 0; u < page->unit_count; ++u) count += popcount64(words[u]);
-  return count * g.os_page;
 }
 
 // The first and last block of `page` with a byte on OS page `p` (a whole one of the carved part).
@@ -143,9 +40,10 @@ BlockRange blocks_on(const Page* page, Geometry g, size_t p) {
 }
 
 // A block's index on its page, by a multiplication: a division for each block of the list
-// walk bounded it at a block per 9 cycles. With m = ceil(2^40 / d) = (2^40 + e) / d, e < d,
-// an offset n = q d + r gives n m / 2^40 = q + (r + n e / 2^40) / d, which floors to q while
-// n e < 2^40: offsets stay under a segment and d under the largest small class.
+// walk bounded it at a block per 9 cycles. With m = ceil(2^43 / d) = (2^43 + e) / d, e < d,
+// an offset n = q d + r gives n m / 2^43 = q + (r + n e / 2^43) / d, which floors to q while
+// n e < 2^43: offsets stay under a segment (2^22) and d under the largest class (2^21), and
+// n m under 2^61.
 class BlockIndex {
  public:
   explicit BlockIndex(const Page* page)
@@ -157,7 +55,7 @@ class BlockIndex {
   }
 
  private:
-  static constexpr unsigned kShift = 40;
+  static constexpr unsigned kShift = 43;
   static_assert(kSegmentBytes * kMaxSmallBytes <= uint64_t{1} << kShift);
   const uint8_t* blocks_;
   uint64_t multiplier_;
@@ -188,34 +86,6 @@ Block* link_blocks(const Page* page, const BlockSet& set, Block* rest) {
   link_store(page, tail, rest);
   return head;
 }
-
-// The OS pages a pass gives back, handed to the OS a list at a time (os::purge_ranges): one
-// system call for up to 32 ranges of one or two OS pages, where madvise took one each.
-class GiveBack {
- public:
-  GiveBack() = default;
-  GiveBack(const GiveBack&) = delete;
-  GiveBack& operator=(const GiveBack&) = delete;
-  ~GiveBack() { flush(); }
-
-  void add(uint8_t* start, size_t bytes) {
-    ranges_[count_++] = {start, bytes, false};
-    if (count_ == os::kPurgeListRanges) flush();
-  }
-
- private:
-  // Where the OS keeps the pages (locked memory), they must still read as zero for
-  // check_given_back_untouched.
-  void flush() {
-    os::purge_ranges(ranges_, count_);
-    for (size_t i = 0; i < count_; ++i)
-      if (!ranges_[i].purged) std::memset(ranges_[i].start, 0, ranges_[i].bytes);
-    count_ = 0;
-  }
-
-  os::PurgeRange ranges_[os::kPurgeListRanges];
-  size_t count_ = 0;
-};
 
 // A walk of a page's free list waits for one cache miss after another (a fifth of the
 // fragmentation workload's time went there): this loads every carved block's first line in
@@ -338,6 +208,23 @@ bool worth_a_look(const Page* page, Geometry g) {
   return page->scrubbed_used == 0 || used * 2 <= page->scrubbed_used;
 }
 
+// Whether the page class c allocates from has been idle (nothing allocated from it or freed
+// into it) for kSparseHeadIdleMs, as the passes saw it; `restart`: the heap saw no pass for
+// that long, and its head's idle time starts now. The page allocated from stays as it is while
+// its class uses it. Once it is idle it can hold most of what the class leaves behind: a class
+// of 16 KiB and more has a head of 128 KiB to 1 MiB (8 blocks), and the soak's heaps kept
+// 8 MiB of them, nearly empty, through every phase after the one that used them.
+bool head_idle_for_long(Heap* heap, unsigned c, uint64_t now, bool restart) {
+  const Page* head = class_page(heap, c);
+  const AllocSlot& slot = heap->slots[c];
+  if (head->free != heap->sparse_head_free[c] || slot.head != heap->sparse_head_slot[c] || restart) {
+    heap->sparse_head_free[c] = head->free;
+    heap->sparse_head_slot[c] = slot.head;
+    heap->sparse_head_since_ms[c] = now;
+  }
+  return now - heap->sparse_head_since_ms[c] >= kSparseHeadIdleMs;
+}
+
 }  // namespace
 
 bool sparse_pass(Heap* heap, bool force) {
@@ -352,28 +239,17 @@ bool sparse_pass(Heap* heap, bool force) {
   const uint64_t delay_ms = uint64_t(option(Option::kSparseDelayMs));
   bool released = false;
   GiveBack give_back;
-  for (unsigned c = 0; c < kSizeClassCount; ++c) {
+  for (unsigned c = 0; c < kFirstBigClass; ++c) {
     // A class whose head page changed since the last pass is still growing through its queue:
     // its head reaches the sparse pages soon and would fault back in whatever went (thread
     // churn, where each new thread adopts the pages of one that ended, lost a page fault per
     // OS page so). Only a class that went quiet gives its sparse pages back: quiet since the
     // last pass, or for sparse_delay_ms if that is longer.
     Page* const head = class_page(heap, c);
-    const AllocSlot& slot = heap->slots[c];
     if (head->warm || heads_restart) heap->sparse_class_busy_ms[c] = now;
     const bool class_busy =
         (head->warm || now - heap->sparse_class_busy_ms[c] < delay_ms) && !force;
-    // The page allocated from stays as it is while its class uses it. Once it is idle it can
-    // hold most of what the class leaves behind: a class of 16 KiB and more has a head of
-    // 128 KiB to 1 MiB (8 blocks), and the soak's heaps kept 8 MiB of them, nearly empty,
-    // through every phase after the one that used them.
-    if (head->free != heap->sparse_head_free[c] || slot.head != heap->sparse_head_slot[c] ||
-        heads_restart) {
-      heap->sparse_head_free[c] = head->free;
-      heap->sparse_head_slot[c] = slot.head;
-      heap->sparse_head_since_ms[c] = now;
-    }
-    const bool head_idle = force || now - heap->sparse_head_since_ms[c] >= kSparseHeadIdleMs;
+    const bool head_idle = head_idle_for_long(heap, c, now, heads_restart) || force;
     for (Page* page = heap->queues[c].head; page != nullptr; page = page->next) {
       // Empty pages kept for reuse stay as they are; a page that was allocated from since the
       // last pass may be again soon.
@@ -389,8 +265,9 @@ bool sparse_pass(Heap* heap, bool force) {
       released |= scrub_page(page, g, give_back);
     }
     heap->sparse_head_free[c] = head->free;
-    heap->sparse_head_slot[c] = slot.head;
+    heap->sparse_head_slot[c] = heap->slots[c].head;
   }
+  released |= tails_pass(heap, g, now, force ? TailsPass::kAll : TailsPass::kWhenDue, give_back);
   return released;
 }
 
@@ -434,6 +311,8 @@ bool any_given_back(const Page* page) {
 
 bool sparse_refill_given_back(Page* page) {
   if (!any_given_back(page)) return false;
+  // A big page's given-back tails belong to blocks on its list, which is empty here.
+  TRAY_CHECK(!is_big_class(page->size_class));
   const Geometry g = geometry();
   if (g.per_unit == 0) return false;
   bool any;

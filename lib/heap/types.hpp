@@ -172,6 +172,28 @@ struct Heap {
   // profile's). Written by that thread, or by whoever binds or unbinds a part.
   uintptr_t owner_thread = 0;
   size_t retained_bytes = 0;         // empty pages kept for reuse (see kHeapRetainedBytes)
+  // Parked with free blocks of big classes whose tails may be in memory: a collection gives
+  // them back once the heap has waited kPurgeDelayMs for a thread (heap.cpp).
+  bool big_free_held = false;
+  // Bytes of big blocks the owner may free before a pass over the big classes (tails.cpp):
+  // what the last pass left of the heap's budget for the tails of free blocks.
+  int64_t big_free_room = int64_t(kHeapBigFreeFloorBytes);
+  // The most bytes live in the big classes' blocks lately, as the passes over them saw it, and
+  // when a big class was last allocated from, as far as they can tell.
+  RecentPeak<kPoolHoldWindowMs> big_live_peak;
+  uint64_t big_busy_ms = 0;
+  uint64_t big_pass_ms = 0;  // when that pass was
+  // Per big class, the one empty page it keeps beside the page it allocates from (tails.cpp),
+  // or nullptr: a page of a few blocks empties often, and the pool would see it come and go.
+  Page* big_empty[kSizeClassCount - kFirstBigClass] = {};
+  // Per big class, its slot's list and its count of allocations as the last pass over the big
+  // classes saw them: either moves when the class is allocated from (tails.cpp).
+  Block* big_seen_slot[kSizeClassCount - kFirstBigClass] = {};
+  uint64_t big_seen_allocations[kSizeClassCount - kFirstBigClass] = {};
+  // Blocks of each big class the heap asked for while it had no page of the class, since
+  // big_asked_since_ms (a window of the purge delay): its first page once they are enough.
+  uint8_t big_asked[kSizeClassCount - kFirstBigClass] = {};
+  uint64_t big_asked_since_ms = 0;
   uint64_t sparse_pass_ms = 0;       // the last pass over sparse pages (sparse.cpp)
   // Per class, the slot's list and the head page's free list as a sparse pass last saw them,
   // and since when the passes have seen them so: a head neither allocated from nor freed into

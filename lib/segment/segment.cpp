@@ -1,6 +1,7 @@
 #include "segment/segment.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <new>
 
 #include "core/core.hpp"
@@ -8,13 +9,12 @@
 #include "options/options.hpp"
 #include "platform/platform.hpp"
 #include "segment/address_maps.hpp"
+#include "segment/runs.hpp"
 #include "stats/stats.hpp"
 
 namespace tray {
 
 namespace {
-
-constexpr uint64_t kUsableUnits = ~uint64_t{1};  // unit 0 holds the header
 
 os::Mutex g_pool_lock;
 Segment* g_all_segments = nullptr;  // from joining the pool to leaving it, full ones included
@@ -59,17 +59,6 @@ void all_segments_remove(Segment* s) {
   s->all_next = s->all_prev = nullptr;
 }
 
-uint64_t run_mask(unsigned first, unsigned count) {
-  return (count == 64 ? ~uint64_t{0} : ((uint64_t{1} << count) - 1)) << first;
-}
-
-// Lowest start of `count` consecutive set bits in `bits`, or -1.
-int find_run(uint64_t bits, unsigned count) {
-  uint64_t starts = bits;
-  for (unsigned i = 1; i < count && starts != 0; ++i) starts &= bits >> i;
-  return starts == 0 ? -1 : std::countr_zero(starts);
-}
-
 std::atomic<EmptyChunkSource> g_empty_chunk_source{nullptr};
 // As the source last said: how many chunks it may give for a new segment, and how many
 // before units that would fault in.
@@ -85,6 +74,7 @@ Segment* segment_start(void* memory, uint64_t resident_units) {
   s->magic = kSegmentMagic;
   s->free_units = kUsableUnits;
   s->dirty_units = resident_units & kUsableUnits;
+  s->untouched_units.store(0, std::memory_order_relaxed);
   s->dirty_since_ms = os::now_ms();
   s->next = s->prev = nullptr;
   s->all_next = s->all_prev = nullptr;
@@ -347,36 +337,18 @@ void finish_pool_work(PoolWork& work, uint64_t now, bool force) {
   }
 }
 
-// The first run of `units` free units of an empty segment, dirty ones first.
-int first_fit(const Segment* s, unsigned units) {
-  int first = find_run(s->free_units & s->dirty_units, units);
-  if (first < 0) first = find_run(s->free_units, units);
-  TRAY_CHECK(first >= 1);
-  return first;
-}
-
-// Dirty units first: reusing them costs no page faults. *clean: what was found would all
-// fault in.
-bool find_units(unsigned units, Segment** found, int* first, bool* clean) {
-  for (int pass = 0; pass < 2; ++pass) {
-    for (Segment* s = g_partial; s != nullptr; s = s->next) {
-      const uint64_t candidates = pass == 0 ? (s->free_units & s->dirty_units) : s->free_units;
-      const int start = find_run(candidates, units);
-      if (start >= 0) {
-        *found = s;
-        *first = start;
-        *clean = pass == 1;
-        return true;
-      }
-    }
-  }
-  return false;
-}
-
-Page* carve_page(Segment* s, int first, unsigned units) {
+// `committed` of the page's units are committed now; its clean ones past them stay untouched
+// (not counted as held) until the page touches them (segment_page_touch). *resident_bytes:
+// from the page's start to the end of its last unit that holds memory already.
+Page* carve_page(Segment* s, int first, unsigned units, unsigned committed, size_t* resident_bytes) {
   const uint64_t mask = run_mask(unsigned(first), units);
+  const uint64_t clean = ~s->dirty_units & mask;
+  const uint64_t untouched = clean & ~run_mask(unsigned(first), committed);
   g_dirty_bytes -= size_t(popcount64(s->dirty_units & mask)) * kUnitBytes;
-  count_sub(g_totals.bytes_decommitted, size_t(popcount64(~s->dirty_units & mask)) * kUnitBytes);
+  count_sub(g_totals.bytes_decommitted, size_t(popcount64(clean & ~untouched)) * kUnitBytes);
+  s->untouched_units.fetch_or(untouched, std::memory_order_relaxed);
+  const uint64_t resident = s->dirty_units & mask;
+  *resident_bytes = resident == 0 ? 0 : size_t(64 - std::countl_zero(resident) - unsigned(first)) * kUnitBytes;
   s->dirty_units &= ~mask;
   s->free_units &= ~mask;
   g_page_bytes += size_t(units) * kUnitBytes;
@@ -395,10 +367,11 @@ Page* carve_page(Segment* s, int first, unsigned units) {
 // clean units; a cached segment; a new mapping. The source is asked and the mapping made
 // outside the lock; if another thread made room meanwhile, what they brought joins the pool
 // like any empty segment.
-Page* segment_take_page(unsigned units) {
+Page* segment_take_page(unsigned units, size_t commit_bytes, size_t* resident_bytes) {
   TRAY_ASSERT(units > 0 && units < kUnitsPerSegment);
+  const auto committed = unsigned(std::min<size_t>(units, div_ceil(commit_bytes, kUnitBytes)));
   // As if every unit were new: near the limit, giving back purges the dirty ones anyway.
-  if (!limit_admit(size_t(units) * kUnitBytes)) return nullptr;
+  if (!limit_admit(size_t(committed) * kUnitBytes)) return nullptr;
   const uint64_t now = os::now_ms();
   PoolWork work;
   Page* page = nullptr;
@@ -410,7 +383,7 @@ Page* segment_take_page(unsigned units) {
       os::LockGuard guard(g_pool_lock);
       Segment* s = nullptr;
       int first = -1;
-      const bool found = find_units(units, &s, &first, &clean);
+      const bool found = find_units(g_partial, units, &s, &first, &clean);
       const bool source_first = found && clean && fresh == nullptr && !asked_source &&
                                 g_source_spare_chunks.load(std::memory_order_relaxed) != 0;
       if (!source_first) {
@@ -428,7 +401,7 @@ Page* segment_take_page(unsigned units) {
         }
       }
       if (s != nullptr && !source_first) {
-        page = carve_page(s, first, units);
+        page = carve_page(s, first, units, committed, resident_bytes);
         g_peak_demand.note(demand_bytes(), now);
         g_last_pool_call_ms = now;
         if (fresh != nullptr) {
@@ -451,6 +424,18 @@ Page* segment_take_page(unsigned units) {
   return page;
 }
 
+bool segment_page_touch(Page* page, size_t touched_bytes) {
+  Segment* s = segment_of(page);
+  const auto first = unsigned(page - s->pages);
+  const auto touched = unsigned(std::min<size_t>(page->unit_count, div_ceil(touched_bytes, kUnitBytes)));
+  const uint64_t wanted = s->untouched_units.load(std::memory_order_relaxed) & run_mask(first, touched);
+  if (wanted == 0) return true;
+  if (!limit_admit(size_t(popcount64(wanted)) * kUnitBytes)) return false;
+  const uint64_t taken = s->untouched_units.fetch_and(~wanted, std::memory_order_relaxed) & wanted;
+  count_sub(g_totals.bytes_decommitted, size_t(popcount64(taken)) * kUnitBytes);
+  return true;
+}
+
 void segment_return_page(Page* page) {
   Segment* s = segment_of(page);
   const unsigned first = unsigned(page - s->pages);
@@ -464,11 +449,13 @@ void segment_return_page(Page* page) {
     TRAY_CHECK((s->free_units & mask) == 0);  // a page returned twice would corrupt the pool
     unit_map_set(s, first, units, &s->pages[0]);
     page->unit_count = 0;
+    // Units the page never touched are clean still (and were never counted as held).
+    const uint64_t clean = s->untouched_units.fetch_and(~mask, std::memory_order_relaxed) & mask;
     if (s->free_units == 0) list_push(g_partial, s);
     if (s->dirty_units == 0) s->dirty_since_ms = now;
     s->free_units |= mask;
-    s->dirty_units |= mask;
-    g_dirty_bytes += size_t(units) * kUnitBytes;
+    s->dirty_units |= mask & ~clean;
+    g_dirty_bytes += size_t(popcount64(mask & ~clean)) * kUnitBytes;
     g_page_bytes -= size_t(units) * kUnitBytes;
     // The purger giving back a parked heap's pages is not the program at work.
     if (!tls_in_purger) g_last_pool_call_ms = now;

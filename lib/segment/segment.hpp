@@ -141,9 +141,16 @@ void* segment_map_region();
 void thp_advise_large(void* p, size_t bytes);
 
 // A run of `units` free units as a page descriptor with unit_count and blocks set (the rest
-// is the page layer's to fill); nullptr when the OS refuses memory.
-Page* segment_take_page(unsigned units);
-// Gives a page's units back to the pool (the page must hold no live block).
+// is the page layer's to fill); nullptr when the OS or the memory limit refuses memory. The
+// page touches its first commit_bytes now: its clean units past them count as held only once
+// it touches them (segment_page_touch). *resident_bytes: from the page's start to the end of
+// the last of its units that hold memory already (written by the pages before).
+Page* segment_take_page(unsigned units, size_t commit_bytes, size_t* resident_bytes);
+// The page is about to touch its first touched_bytes: false if the memory limit refuses what
+// that adds to what is held.
+bool segment_page_touch(Page* page, size_t touched_bytes);
+// Gives a page's units back to the pool (the page must hold no live block); those it never
+// touched go back clean.
 void segment_return_page(Page* page);
 // Purges every dirty unit and unmaps cached segments; true if anything went back to the OS.
 bool segment_trim();

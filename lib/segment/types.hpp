@@ -10,6 +10,7 @@
 // own them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -115,6 +116,10 @@ struct Segment {
   // Pool state, under the pool lock.
   uint64_t free_units;       // bit u: unit u belongs to no page
   uint64_t dirty_units;      // bit u: free unit u still holds committed memory
+  // bit u: unit u belongs to a page that has not touched it yet, and read zero when the page
+  // took it (counted as decommitted). The pool sets and clears bits under its lock, a page's
+  // owner clears its own (segment_page_touch): atomic.
+  std::atomic<uint64_t> untouched_units;
   uint64_t dirty_since_ms;   // when the oldest dirty unit became free
   Segment* next;             // pool list (segments with free units, or the cache)
   Segment* prev;

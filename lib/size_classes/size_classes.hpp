@@ -2,9 +2,12 @@
 //
 // Spacing: 16-byte steps from 16 B to 128 B, then four classes per doubling up to
 // kMaxSmallBytes. Every class is a multiple of 16, so every block is 16-byte aligned, and every
-// block holds two words: the free-list link and the free key (double-free detection). Four per doubling bounds the waste of a block to under 20% of it.
+// block holds two words: the free-list link and the free key (double-free detection). Four per
+// doubling bounds the waste of a block to under 20% of it.
 // Each class also fixes its page (slab) size: whole 64 KiB units, enough for at least
-// kMinBlocksPerPage blocks, with at most 1/8 of the page left over at its end.
+// kMinBlocksPerPage blocks, with at most 1/8 of the page left over at its end. The big classes
+// (above kBigClassThresholdBytes) whose 8 blocks a segment cannot hold take as many as its 63
+// units hold: 7 blocks of 512 KiB, 3 of 1 MiB, 1 of 2 MiB.
 #pragma once
 
 #include <array>
@@ -21,14 +24,15 @@ inline constexpr unsigned kFineLimitBytes = 128;  // last class of the 16-byte s
 inline constexpr unsigned kFirstGeometricClass = kFineLimitBytes / kFineStepBytes;  // 8
 inline constexpr unsigned kClassesPerDoubling = 4;
 inline constexpr unsigned kGeometricDoublings =
-    floor_log2(kMaxSmallBytes) - floor_log2(kFineLimitBytes);  // 128 B .. 128 KiB: 10
+    floor_log2(kMaxSmallBytes) - floor_log2(kFineLimitBytes);  // 128 B .. 2 MiB: 14
 inline constexpr unsigned kSizeClassCount =
-    kFirstGeometricClass + kGeometricDoublings * kClassesPerDoubling;  // 48
+    kFirstGeometricClass + kGeometricDoublings * kClassesPerDoubling;  // 64
 inline constexpr unsigned kMinBlocksPerPage = 8;
 // Sizes up to this are mapped to a class with one table load indexed by the size...
 inline constexpr size_t kLookupLimitBytes = 1024;
 // ...and larger ones, up to kMaxSmallBytes, by the size in steps of this many bytes (every
-// class boundary past kLookupLimitBytes is a multiple of it; checked below).
+// class boundary past kLookupLimitBytes is a multiple of it; checked below). The table has
+// 8 KiB of entries; a program touches the lines of the sizes it asks for.
 inline constexpr unsigned kCoarseStepShift = 8;
 inline constexpr size_t kCoarseStepBytes = size_t{1} << kCoarseStepShift;
 
@@ -43,8 +47,10 @@ constexpr size_t compute_class_size(unsigned c) {
 }
 
 constexpr unsigned compute_slab_units(size_t block) {
+  constexpr size_t kMaxUnits = kUnitsPerSegment - 1;  // unit 0 is the segment's header
   unsigned units = unsigned(div_ceil(block * kMinBlocksPerPage, kUnitBytes));
   if (units == 0) units = 1;
+  if (units > kMaxUnits) return unsigned(div_ceil(kMaxUnits * kUnitBytes / block * block, kUnitBytes));
   while ((units * kUnitBytes) % block > units * kUnitBytes / 8) ++units;
   return units;
 }
@@ -86,6 +92,11 @@ constexpr ClassTables make_class_tables() {
 
 inline constexpr detail::ClassTables kClassTables = detail::make_class_tables();
 
+// The first big class (160 KiB): blocks of 40 OS pages or more, in pages of 8 blocks or fewer,
+// whose free blocks give back their OS pages past the first (heap/sparse.cpp).
+inline constexpr unsigned kFirstBigClass = detail::compute_class_of(kBigClassThresholdBytes) + 1;
+TRAY_INLINE constexpr bool is_big_class(unsigned c) { return c >= kFirstBigClass; }
+
 constexpr size_t class_size(unsigned c) { return kClassTables.block_bytes[c]; }
 constexpr unsigned class_slab_units(unsigned c) { return kClassTables.slab_units[c]; }
 constexpr size_t class_slab_bytes(unsigned c) { return class_slab_units(c) * kUnitBytes; }
@@ -117,8 +128,12 @@ constexpr bool classes_are_sound() {
     if (size % 16 != 0) return false;                                     // 16-byte alignment
     if (compute_class_of(size) != c) return false;                        // a class maps to itself
     if (compute_class_of(size + 1) != c + 1 && c + 1 < kSizeClassCount) return false;
-    if (class_blocks_per_page(c) < kMinBlocksPerPage) return false;
+    // At least kMinBlocksPerPage blocks, or as many as a segment holds.
+    if (class_blocks_per_page(c) < kMinBlocksPerPage &&
+        (class_blocks_per_page(c) + 1) * size <= (kUnitsPerSegment - 1) * kUnitBytes)
+      return false;
     if (class_slab_units(c) >= kUnitsPerSegment) return false;            // fits in a segment
+    if (class_blocks_per_page(c) == 0) return false;
     // Worst waste of a block: the request just above the previous class.
     if (c > kFirstGeometricClass && (size - class_size(c - 1) - 1) * 5 > size) return false;
     if (size > kLookupLimitBytes) {
@@ -139,6 +154,7 @@ constexpr bool classes_are_sound() {
 
 static_assert(detail::classes_are_sound());
 static_assert(class_size(kSizeClassCount - 1) == kMaxSmallBytes);
+static_assert(class_size(kFirstBigClass) == 160 * 1024 && !is_big_class(kFirstBigClass - 1));
 static_assert(kSizeClassCount <= 64, "class index must fit the per-class arrays and a byte");
 
 }  // namespace tray

@@ -271,7 +271,7 @@ TEST(Api, StatsRejectAnUnknownVersion) {
   EXPECT_EQ(tray_stats_get(nullptr), EINVAL);
   stats.version = TRAY_STATS_VERSION;
   EXPECT_EQ(tray_stats_get(&stats), 0);
-  EXPECT_EQ(stats.class_count, 48u);
+  EXPECT_EQ(stats.class_count, 64u);
 }
 
 TEST(Api, StatsFollowALargeBlock) {

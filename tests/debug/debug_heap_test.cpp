@@ -79,14 +79,14 @@ TEST_F(DebugHeapDeath, FreeAfterResetIsADoubleFree) {
 
 TEST_F(DebugHeapDeath, FreeOfALargeBlockAfterDestroyIsADoubleFree) {
   tray_heap_t* heap = tray_heap_new();
-  void* p = tray_heap_malloc(heap, 1 << 20);
+  void* p = tray_heap_malloc(heap, 3 << 20);
   tray_heap_destroy(heap);
   EXPECT_DEATH(tray_free(p), "double free");
 }
 
 TEST_F(DebugHeapDeath, ALargeBlockOfAResetHeapIsInaccessible) {
   tray_heap_t* heap = tray_heap_new();
-  auto* p = static_cast<volatile char*>(tray_heap_malloc(heap, 1 << 20));
+  auto* p = static_cast<volatile char*>(tray_heap_malloc(heap, 3 << 20));
   p[100] = 1;
   tray_heap_reset(heap);
   EXPECT_DEATH(p[100] = 2, "");

@@ -185,14 +185,28 @@ TEST_F(DebugDeath, DoubleFreeIsFoundAfterTheBlockLeftQuarantine) {
       "traymalloc: double free of 0x[0-9a-f]+ \\(size class 48 B\\)");
 }
 
+void free_twice(size_t size) {
+  void* p = tray_malloc(size);
+  tray_free(p);
+  tray_free(p);
+}
+
+// Writes the byte just past a block of `size` bytes, then frees it.
+void overflow_by_one(size_t size) {
+  auto* p = static_cast<char*>(tray_malloc(size));
+  p[size] = 1;
+  tray_free(p);
+}
+
 TEST_F(DebugDeath, DoubleFreeOfALargeBlockIsNamed) {
-  EXPECT_DEATH(
-      {
-        void* p = tray_malloc(size_t{1} << 20);
-        tray_free(p);
-        tray_free(p);
-      },
-      "traymalloc: double free of 0x[0-9a-f]+ \\(large block of 1048576 requested bytes\\)");
+  EXPECT_DEATH(free_twice(size_t{3} << 20),
+               "traymalloc: double free of 0x[0-9a-f]+ \\(large block of 3145728 requested bytes\\)");
+}
+
+// A block of a big class (1 MiB and the canary's byte: the 1280 KiB class), checked as any
+// class's block.
+TEST_F(DebugDeath, DoubleFreeOfABigClassBlockIsNamed) {
+  EXPECT_DEATH(free_twice(size_t{1} << 20), "traymalloc: double free of 0x[0-9a-f]+ \\(size class 1310720 B\\)");
 }
 
 TEST_F(DebugDeath, OverflowIntoTheCanaryIsFoundAtFree) {
@@ -252,14 +266,15 @@ TEST_F(DebugDeath, OverflowOfABlockThatGrewInPlaceIsFound) {
 }
 
 TEST_F(DebugDeath, OverflowOfALargeBlockIsFound) {
-  EXPECT_DEATH(
-      {
-        auto* p = static_cast<char*>(tray_malloc(300000));
-        p[300000] = 1;
-        tray_free(p);
-      },
-      "heap buffer overflow: block 0x[0-9a-f]+ of 300000 requested bytes written at offset "
-      "300000 \\(large block\\)");
+  EXPECT_DEATH(overflow_by_one(3000000),
+               "heap buffer overflow: block 0x[0-9a-f]+ of 3000000 requested bytes written at offset "
+               "3000000 \\(large block\\)");
+}
+
+TEST_F(DebugDeath, OverflowOfABigClassBlockIsFound) {
+  EXPECT_DEATH(overflow_by_one(300000),
+               "heap buffer overflow: block 0x[0-9a-f]+ of 300000 requested bytes written at offset "
+               "300000");
 }
 
 TEST_F(DebugDeath, FreeOfAPointerIntoABlockIsInvalid) {

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LARGE_BYTES ((size_t)1 << 20) /* above the largest size class (128 KiB) */
+#define LARGE_BYTES ((size_t)3 << 20) /* above the largest size class (2 MiB) */
 /* Not a multiple of the page size, so the block has slack to overflow into without debug. */
-#define LARGE_ODD_BYTES ((size_t)1000000)
+#define LARGE_ODD_BYTES ((size_t)3000000)
 /* More frees than the quarantine holds (4096 blocks), so the oldest block leaves it. */
 #define CHURN_FREES 5000
 

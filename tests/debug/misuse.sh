@@ -51,7 +51,7 @@ case $mode in
     report="double free of $ADDRESS \(size class 48 B\)"
     plain=release-reports release_report=$report ;;
   double-free-large)
-    report="double free of $ADDRESS \(large block of 1048576 requested bytes\)"
+    report="double free of $ADDRESS \(large block of 3145728 requested bytes\)"
     # In release builds the block's pages (a span block) are back in their chunk: no header
     # names it any more.
     plain=release-reports
@@ -59,7 +59,7 @@ case $mode in
   overflow-small)
     report="heap buffer overflow: block $ADDRESS of 40 requested bytes written at offset 40 \(size class 48 B\)" ;;
   overflow-large)
-    report="heap buffer overflow: block $ADDRESS of 1000000 requested bytes written at offset 1000000 \(large block\)" ;;
+    report="heap buffer overflow: block $ADDRESS of 3000000 requested bytes written at offset 3000000 \(large block\)" ;;
   free-stack)
     report="free of invalid pointer $ADDRESS: not allocated by traymalloc"
     plain=stops release_report="$report \(it lies in the calling thread's stack\)" ;;
@@ -96,7 +96,7 @@ case $mode in
     # freed, and the program stops (debug_abort=0 cannot go on: the access would fault again).
     # Without debug mode the write lands in a cached mapping or faults on an unmapped one,
     # depending on the large-block cache: not worth pinning down.
-    report="use after free: access at $ADDRESS, 100 bytes into large block $ADDRESS of 1048576 requested bytes, freed at:"
+    report="use after free: access at $ADDRESS, 100 bytes into large block $ADDRESS of 3145728 requested bytes, freed at:"
     plain=unchecked go_on_stdout='' abort_hint=no ;;
   *) echo "unknown mode '$mode'" >&2; exit 2 ;;
 esac

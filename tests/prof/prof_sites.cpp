@@ -1,7 +1,8 @@
 // A program with known allocation sites for the heap profile tests (prof_test.py): each site
 // allocates blocks of one size, so the profile's estimates can be checked against the truth.
 // Modes:
-//   sites PATH   three sites hold about 16 MB each (16 B, 1000 B with new[], 200 KB blocks);
+//   sites PATH   three sites hold about 16 MB each (16 B, 1000 B with new[], 192 KiB blocks:
+//                the size of a big class, whose samples count its blocks' bytes);
 //                writes the profile to PATH with tray_prof_dump, keeps everything to the end
 //   peak         site_peak holds 32 MB and frees it, then site_after holds 4 MB
 //   signal       raises SIGUSR1 while site_small's blocks are live
@@ -18,6 +19,7 @@ namespace {
 constexpr int kSmallCount = 1000000;
 constexpr int kMediumCount = 16384;
 constexpr int kLargeCount = 80;
+constexpr int kLargeBytes = 192 * 1024;
 void* g_small[kSmallCount];
 char* g_medium[kMediumCount];
 void* g_large[kLargeCount];
@@ -32,7 +34,7 @@ __attribute__((noinline)) void site_medium() {
   for (char*& p : g_medium) p = new char[1000];
 }
 __attribute__((noinline)) void site_large() {
-  for (void*& p : g_large) p = malloc(200000);
+  for (void*& p : g_large) p = malloc(kLargeBytes);
 }
 __attribute__((noinline)) void site_peak() {
   for (void*& p : g_small) p = malloc(32);
@@ -49,7 +51,7 @@ int main(int argc, char** argv) {
     site_large();
     const int result = tray_prof_dump(argv[2]);
     std::printf("small %d %d\nmedium %d %d\nlarge %d %d\n", kSmallCount, 16, kMediumCount, 1000,
-                kLargeCount, 200000);
+                kLargeCount, kLargeBytes);
     return result;
   }
   if (std::strcmp(mode, "peak") == 0) {

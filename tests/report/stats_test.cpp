@@ -214,7 +214,7 @@ TEST(Stats, JsonDumpIsOneWellFormedLine) {
   JsonChecker checker(json);
   EXPECT_TRUE(checker.document()) << json;
   // the dump, its classes, large/process/memory_limit/huge_pages/os_calls
-  EXPECT_EQ(checker.objects, 1 + 48 + 5);
+  EXPECT_EQ(checker.objects, 1 + 64 + 5);
   EXPECT_NE(json.find("\"huge_pages\":{\"thp\":\""), std::string::npos);
   EXPECT_EQ(json.rfind("{\"traymalloc_stats\":2,", 0), 0u);
   EXPECT_NE(json.find("\"block_bytes\":131072,"), std::string::npos);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/api.hpp"
 #include "span/config.hpp"
 #include "platform/os.hpp"
 #include "span/span_cache.hpp"
@@ -27,8 +28,12 @@ namespace {
 using tray_test::kKiB;
 using tray_test::kMiB;
 
+// A span block: malloc of a big class's size gives a block of a page once the thread asks for
+// the class often (heap/tails.cpp).
+char* span_malloc(size_t size) { return static_cast<char*>(tray::alloc_large_block(size)); }
+
 char* alloc_filled(size_t size, uint8_t seed) {
-  auto* p = static_cast<char*>(tray_malloc(size));
+  auto* p = span_malloc(size);
   if (p != nullptr) tray_test::fill_sequence(p, size, seed);
   return p;
 }
@@ -290,7 +295,7 @@ TEST_F(SpanCache, TrimsBesideThreadsReplacingBlocksHandEachOutOnce) {
         tray_free(p);
       }
       fill = uint8_t(seed >> 16);
-      p = static_cast<char*>(tray_malloc(256 * kKiB + (seed >> 4) % (64 * kKiB)));
+      p = span_malloc(256 * kKiB + (seed >> 4) % (64 * kKiB));
       if (p == nullptr) {
         bad.fetch_add(1);
         continue;

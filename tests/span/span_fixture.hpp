@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "api/api.hpp"
 #include "core/core.hpp"
 #include "platform/os.hpp"
 #include "span/config.hpp"
@@ -24,8 +25,12 @@ using tray_test::kMiB;
 // fill one, a fourth does not fit.
 constexpr size_t kThirdOfAChunk = 320 * 4096 - 64;
 
+// A span block of `size` bytes, whatever its size: malloc of a big class's size gives a block
+// of a page once the thread asks for the class often (heap/tails.cpp).
+inline char* span_malloc(size_t size) { return static_cast<char*>(tray::alloc_large_block(size)); }
+
 inline char* alloc_filled(size_t size, uint8_t seed) {
-  auto* p = static_cast<char*>(tray_malloc(size));
+  auto* p = span_malloc(size);
   if (p != nullptr) tray_test::fill_sequence(p, size, seed);
   return p;
 }

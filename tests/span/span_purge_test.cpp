@@ -90,13 +90,13 @@ TEST_F(Span, RunsKeptAtThePeakStayWhileTheBlocksDie) {
   const size_t big_bytes = 2 * kMiB;
   const auto start = std::chrono::steady_clock::now();
   std::vector<void*> small;
-  for (size_t i = 0; i < count; ++i) small.push_back(tray_malloc(small_bytes));
+  for (size_t i = 0; i < count; ++i) small.push_back(span_malloc(small_bytes));
   for (size_t i = 0; i < count; i += 2) {
     tray_free(small[i]);
     small[i] = nullptr;
   }
   std::vector<void*> big;
-  for (size_t i = 0; i < count / 2; ++i) big.push_back(tray_malloc(big_bytes));
+  for (size_t i = 0; i < count / 2; ++i) big.push_back(span_malloc(big_bytes));
   const size_t holes = tray_test::stats_now().large.cached_bytes;
   for (void* p : big) tray_free(p);
   const size_t after = tray_test::stats_now().large.cached_bytes;
@@ -203,7 +203,7 @@ TEST_F(Span, ABlockTakesAnEmptySegmentsResidentMemory) {
   for (char* p : small) tray_free(p);
   const size_t mapped = tray_test::stats_now().mapped_bytes;
   const size_t size = 2 * kMiB;
-  auto* big = static_cast<char*>(tray_malloc(size));
+  auto* big = span_malloc(size);
   ASSERT_NE(big, nullptr);
   const size_t resident = resident_percent(big, size);
   const size_t mapped_after = tray_test::stats_now().mapped_bytes;

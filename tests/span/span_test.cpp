@@ -291,7 +291,7 @@ TEST_F(Span, BlocksReplacedAtRandomReuseTheStartsOfEarlierOnes) {
   std::vector<char*> live(kLive);
   std::set<uintptr_t> starts;
   const auto allocate = [&] {
-    auto* p = static_cast<char*>(tray_malloc(rng.between(256 * kKiB, 512 * kKiB)));
+    auto* p = span_malloc(rng.between(256 * kKiB, 512 * kKiB));
     if (p != nullptr) *p = 1;
     starts.insert(reinterpret_cast<uintptr_t>(p));
     return p;
@@ -316,13 +316,13 @@ TEST_F(Span, AnIndexGrownPastItsFirstRoomStillFindsEveryChunksRun) {
   std::vector<void*> blocks;
   std::set<uintptr_t> chunks;
   for (size_t i = 0; i < kChunks; ++i) {
-    blocks.push_back(tray_malloc(kTwoThirdsOfAChunk));
+    blocks.push_back(span_malloc(kTwoThirdsOfAChunk));
     ASSERT_NE(blocks.back(), nullptr);
     chunks.insert(chunk_of(blocks.back()));
   }
   ASSERT_EQ(chunks.size(), kChunks) << "each block takes a chunk of its own";
   for (size_t i = 0; i < kChunks; ++i) {
-    blocks.push_back(tray_malloc(kThirdOfAChunk));
+    blocks.push_back(span_malloc(kThirdOfAChunk));
     ASSERT_NE(blocks.back(), nullptr);
     EXPECT_EQ(chunks.count(chunk_of(blocks.back())), 1u) << "block " << i << " took a new chunk";
   }
@@ -331,7 +331,7 @@ TEST_F(Span, AnIndexGrownPastItsFirstRoomStillFindsEveryChunksRun) {
 
 TEST_F(Span, CallocOfAReusedRunIsZero) {
   const size_t size = 700 * kKiB;
-  auto* dirty = static_cast<char*>(tray_malloc(size));
+  auto* dirty = span_malloc(size);
   ASSERT_NE(dirty, nullptr);
   std::memset(dirty, 0xAB, size);
   tray_free(dirty);

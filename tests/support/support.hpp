@@ -99,7 +99,7 @@ class Rng {
 };
 
 // Request sizes shaped like a typical program's: mostly small, some medium, and now and then
-// one above the largest size class (128 KiB).
+// one of hundreds of KiB (the smaller big classes).
 inline size_t mixed_size(Rng& rng) {
   const uint64_t roll = rng.next() % 100;
   if (roll < 85) return rng.between(8, 1 * kKiB);
