@@ -120,8 +120,9 @@ TRAY_EXPORT int tray_option_set(const char* name, const char* value);
 #define TRAY_CANARY_BYTE 0xfdu
 
 /* --- statistics ------------------------------------------------------------------------------ */
-#define TRAY_STATS_VERSION 4  /* 3: requested_bytes exact; 2: without the memory_limit fields;
-                                 1: without unit_map_bytes either */
+#define TRAY_STATS_VERSION 5  /* 4: without reused_blocks; 3: that, and requested_bytes exact;
+                                  2: without the memory_limit fields; 1: without unit_map_bytes
+                                  either */
 #define TRAY_STATS_MAX_CLASSES 64
 
 typedef struct tray_class_stats {
@@ -177,6 +178,10 @@ typedef struct tray_stats {
      committed_bytes counts. */
   unsigned long long memory_limit_bytes, memory_limit_from_cgroup, memory_limit_fail;
   unsigned long long memory_limit_reached, memory_limit_failures, memory_limit_released_bytes;
+  /* Blocks handed between threads (since version 5; docs/DESIGN.md, "Blocks handed between
+     threads"): blocks of another thread's heap that the thread which freed them took in again
+     for its own allocations. */
+  unsigned long long reused_blocks;
 } tray_stats;
 
 /* Fills *out, whose version the caller has set to TRAY_STATS_VERSION (or an older one);

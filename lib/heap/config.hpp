@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/core.hpp"
+#include "size_classes/size_classes.hpp"
 
 namespace tray {
 
@@ -62,6 +63,24 @@ inline constexpr uint32_t kBigPageAfterBlocks = 4;
 // allocations: at most the larger of these; past it, the least recently used go back at once.
 inline constexpr size_t kHeapBigFreeFloorBytes = size_t{2} << 20;
 inline constexpr size_t kHeapBigFreePercent = 100;
+
+// A thread keeps blocks of other heaps' pages that it frees for its own next allocations of
+// the class (heap/reuse.hpp): in up to kReuseWays runs a class, one page each, of up to
+// kReuseRunBytes each; the rest go home. With one run a class, `exchange` at 8 threads kept
+// 41% of its frees of others' blocks; with 8, 80-86%, and 16 kept hardly more for twice the
+// 9 KiB the runs take in a heap (2026-12-07).
+inline constexpr unsigned kReuseWays = 8;
+inline constexpr size_t kReuseRunBytes = size_t{64} << 10;
+// What a heap's runs may hold in all: what a thread that stops allocating keeps out of its
+// owners' reach (kHeapRetainedBytes bounds the empty pages it keeps). A stage of `exchange`
+// frees about 1 MiB of others' blocks a round before it allocates as much: bounding the runs'
+// limits to 1 MiB kept 35-42% at 4 and 8 threads, against ~80% (2026-12-07).
+inline constexpr size_t kReuseHeapBytes = size_t{2} << 20;
+// A thread looks at whether keeping others' blocks pays every this many frees of others'
+// blocks, and while it keeps them, stops after this many looks to count two spans with
+// keeping off (heap/reuse.cpp, reuse_look).
+inline constexpr uint64_t kReuseEpochFrees = 4096;
+inline constexpr unsigned kReuseProbeEvery = 32;
 
 // Empty pages a heap keeps in its queues, so that a working set that swings by a page or two
 // does not hand pages to the pool and take them back on every swing.

@@ -10,6 +10,7 @@
 #include "heap/queue.hpp"
 #include "heap/refill.hpp"
 #include "heap/remote.hpp"
+#include "heap/reuse.hpp"
 #include "heap/sample_countdown.hpp"
 #include "heap/sparse.hpp"
 #include "large/large.hpp"
@@ -223,7 +224,8 @@ void heap_page_event(Heap* heap, Page* page) noexcept {
 namespace {
 
 TRAY_NOINLINE void send_and_take_in(Heap* self, Page* page, Block* block) {
-  remote_send(self, page, block);
+  if (reuse_wanted(self)) reuse_free(self, page, block);
+  else remote_send(self, page, block);
   remote_drain(self);
 }
 
@@ -264,6 +266,7 @@ void heap_free_remote(Page* page, Block* block) noexcept {
   counter_add(self->counters.frees[page->size_class], 1);
   counter_add(self->counters.remote_frees, 1);
   if (TRAY_UNLIKELY(has_remote_frees(self))) return send_and_take_in(self, page, block);
+  if (TRAY_UNLIKELY(reuse_wanted(self))) return reuse_free(self, page, block);
   remote_send(self, page, block);
 }
 
@@ -340,9 +343,15 @@ void heap_detach_thread(Heap* heap) {
   // First: the thread pointer may come back for a thread created after this one ends.
   heap_set_owner_thread(heap, 0);
   program_detach_thread(heap);
+  reuse_spill_all(heap);
+  heap->reuse_on = false;  // the next thread shows what it does before it keeps anything
+  heap->reuse_epochs = 0;
+  heap->reuse_left = 1;
   remote_flush(heap);
   remote_drain(heap);
+  // Settling returns what a slot holds: a slot's list of another heap's blocks goes home.
   heap_settle(heap);
+  remote_flush(heap);
   trim_parked_empty(heap);
   if (tls_span_cache == &heap->span_cache) span_cache_attach(nullptr);
   if (tls_heap == heap) tls_heap = &g_empty_heap;
@@ -384,6 +393,7 @@ const Heap* heap_list() { return g_all_heaps.load(std::memory_order_acquire); }
 bool heap_trim() {
   bool released = false;
   if (Heap* own = tls_own_heap; own != nullptr) {
+    reuse_spill_all(own);
     remote_flush(own);
     released |= release_empty_pages(own);
     released |= sparse_pass(own, true);

@@ -2,6 +2,7 @@
 
 #include "heap/hardening.hpp"
 #include "heap/page.hpp"
+#include "heap/remote.hpp"
 #include "heap/sparse.hpp"
 #include "platform/platform.hpp"
 #include "stats/stats.hpp"
@@ -26,12 +27,14 @@ uint32_t walk_list(const Page* page, Block* first, Block** last) {
 }
 
 // A list's length as heap_uncounted may read it: the walk ends at the first link that is not
-// a block of the page, and after as many steps as the page has blocks.
-uint32_t peek_length(const Page* page, const Block* first) {
+// a block of the page, and after as many steps as the page has blocks. A list of another
+// heap's page (a reuse run) is checked with what that page's owner never changes while blocks
+// are out: every block on it was freed, and carries its key.
+uint32_t peek_length(const Page* page, const Block* first, bool foreign) {
   uint32_t blocks = 0;
-  for (const Block* block = first; block != list_end() && blocks < page->capacity;
+  for (const Block* block = first; block != list_end() && blocks < page->reserved;
        block = link_load(page, block)) {
-    if (!link_in_page(page, block)) break;
+    if (foreign ? !is_free_block(page, const_cast<Block*>(block)) : !link_in_page(page, block)) break;
     ++blocks;
   }
   return blocks;
@@ -68,7 +71,7 @@ void page_account(Heap* heap, Page* page) {
 Block* slot_take_page_list(Heap* heap, unsigned c, size_t size, uint32_t* blocks) {
   Page* page = class_page(heap, c);
   TRAY_ASSERT(page != &g_empty_page && page->free != list_end() && !page->floating);
-  TRAY_ASSERT(heap->slots[c].head == list_end() && heap->books[c].sample_rest == nullptr);
+  TRAY_ASSERT(heap->slots[c].head == list_end() && !has_sample_rest(heap->books[c]));
   page_account(heap, page);
   // The page's free list holds every carved block not out and not given back; with none given
   // back, that is a count, not a walk. A big class's blocks stay on the list when their tails
@@ -87,9 +90,43 @@ Block* slot_take_page_list(Heap* heap, unsigned c, size_t size, uint32_t* blocks
   return list;
 }
 
+namespace {
+
+// slot_return of a list of another heap's page (a reuse run the slot took in): home, as the run
+// would have gone (a page change, a sparse pass or settling a heap that parks finds it
+// there); the slot points at its page's list again.
+TRAY_NOINLINE void slot_return_reused(Heap* heap, unsigned c) {
+  AllocSlot& slot = heap->slots[c];
+  Page* page = slot_list_page(slot);
+  uint32_t blocks = 0;
+  // Another heap's page: its links are checked with what its owner never changes while blocks
+  // are out (is_free_block), not its carved count.
+  for (Block* block = slot.head; block != list_end(); ++blocks) {
+    if (!is_free_block(page, block) || blocks == page->reserved)
+      report_corrupted_list(page, block, nullptr);
+    Block* next = link_load(page, block);
+    remote_send(heap, page, block);
+    block = next;
+  }
+  if (blocks != 0) {
+    int64_t& countdown = heap->books[c].countdown;
+    const int64_t bytes = int64_t(blocks) * page->block_bytes;
+    countdown = countdown < INT64_MAX - bytes ? countdown + bytes : INT64_MAX;
+    TRAY_ASSERT(blocks <= heap->books[c].loaded);
+    heap->books[c].loaded -= blocks;
+  }
+  slot.head = list_end();
+  slot.limit = slot.page->limit;
+  slot.unkey = slot.page->link_unkey;
+  slot_count_load(heap, c, 0, 0);
+}
+
+}  // namespace
+
 void slot_return(Heap* heap, unsigned c) {
   AllocSlot& slot = heap->slots[c];
   Page* page = slot.page;
+  if (TRAY_UNLIKELY(slot.limit != page->limit)) return slot_return_reused(heap, c);
   if (page == &g_empty_page) return;
   uint32_t returned = 0;
   if (slot.head != list_end()) {
@@ -104,7 +141,7 @@ void slot_return(Heap* heap, unsigned c) {
     const int64_t bytes = int64_t(blocks) * page->block_bytes;
     countdown = countdown < INT64_MAX - bytes ? countdown + bytes : INT64_MAX;
   }
-  if (Block* rest = heap->books[c].sample_rest; rest != nullptr) {
+  if (Block* rest = heap->books[c].sample_rest; has_sample_rest(heap->books[c])) {
     Block* last = nullptr;
     const uint32_t blocks = walk_list(page, rest, &last);
     splice_onto_page(page, rest, last, blocks);
@@ -138,8 +175,10 @@ void heap_uncounted(const Heap* heap, Uncounted* out) {
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     const AllocSlot& slot = heap->slots[c];
     const Page* head = slot.page;
-    if (head == &g_empty_page || counts_at_call) continue;
-    const uint32_t held = peek_length(head, slot.head) + heap->books[c].sample_rest_blocks;
+    const Page* list_page = slot_list_page(slot);
+    if (list_page == &g_empty_page || counts_at_call) continue;
+    const uint32_t held = peek_length(list_page, slot.head, list_page != head) +
+                          heap->books[c].sample_rest_blocks;
     const uint32_t loaded = heap->books[c].loaded;
     const uint64_t handed_out = loaded > held ? loaded - held : 0;
     out->allocations[c] += handed_out;

@@ -17,6 +17,14 @@ extern TRAY_HIDDEN constinit Page g_empty_page;
 // The page class c allocates from (its queue's head), or &g_empty_page.
 TRAY_INLINE Page* class_page(const Heap* heap, unsigned c) { return heap->slots[c].page; }
 
+// The page whose blocks the slot's list holds: the class's page, or the page of another heap
+// whose blocks the thread freed and took in for itself (a reuse run, remote.cpp), which the
+// slot's limit names: a page's limit is the end of its last block.
+TRAY_INLINE Page* slot_list_page(const AllocSlot& slot) {
+  if (TRAY_LIKELY(slot.limit == slot.page->limit)) return slot.page;
+  return unit_page_of(reinterpret_cast<void*>(slot.limit - 1));
+}
+
 // Points class c's slot at the queue's head, moving the head's extra count (see queue.cpp);
 // the blocks the slot held go back to the page they came from.
 void queue_changed(Heap* heap, unsigned c);

@@ -7,6 +7,7 @@
 #include "heap/page.hpp"
 #include "heap/program.hpp"
 #include "heap/remote.hpp"
+#include "heap/reuse.hpp"
 #include "heap/sparse.hpp"
 #include "heap/heap.hpp"
 #include "heap/queue.hpp"
@@ -140,7 +141,8 @@ TRAY_NOINLINE void* sample_point(Heap* heap, unsigned c, size_t size) {
   Page* page = class_page(heap, c);
   Block* block = book.sample_rest;
   const uint32_t blocks = book.sample_rest_blocks;
-  book.sample_rest = nullptr;
+  // A reuse run that waited behind the sample point is taken in at the next refill.
+  book.sample_rest = reuse_waits(heap, c) ? reuse_mark() : nullptr;
   book.sample_rest_blocks = 0;
   Block* rest = link_load(page, block);
   if (blocks > 1 && !link_in_page(page, rest)) report_corrupted_list(page, rest, block);
@@ -162,14 +164,17 @@ TRAY_NOINLINE void* sample_point(Heap* heap, unsigned c, size_t size) {
   // the class to another page meanwhile, to its page like any free of its owner.
   if (class_page(heap, c) != page) {
     page_free_local(heap, page, block);
-  } else if (book.sample_rest == nullptr && book.countdown >= int64_t(page->block_bytes)) {
+  } else if (!has_sample_rest(book) && book.countdown >= int64_t(page->block_bytes) &&
+             heap->slots[c].limit == page->limit) {
     book.countdown -= int64_t(page->block_bytes);
     link_store(page, block, heap->slots[c].head);
     heap->slots[c].head = block;
-  } else {
-    link_store(page, block, book.sample_rest != nullptr ? book.sample_rest : list_end());
+  } else if (has_sample_rest(book) || heap->slots[c].limit == page->limit) {
+    link_store(page, block, has_sample_rest(book) ? book.sample_rest : list_end());
     book.sample_rest = block;
     ++book.sample_rest_blocks;
+  } else {  // the slot holds a reuse run, whose mark stays: the block goes back to its page
+    page_free_local(heap, page, block);
   }
   return sampled;
 }
@@ -179,10 +184,51 @@ TRAY_NOINLINE void* sample_point(Heap* heap, unsigned c, size_t size) {
 TRAY_INLINE void check_slot(Heap* heap, unsigned c) {
   AllocSlot& slot = heap->slots[c];
   Block* head = slot.head;
-  if (TRAY_UNLIKELY(head != list_end() && slot.page != &g_empty_page &&
+  if (TRAY_UNLIKELY(head != list_end() && slot_list_page(slot) != &g_empty_page &&
                     reinterpret_cast<uintptr_t>(head) >= slot.limit)) {
     slot.head = list_end();
-    report_corrupted_list(slot.page, head, nullptr);
+    report_corrupted_list(slot_list_page(slot), head, nullptr);
+  }
+}
+
+// The slow path of a slot whose book holds reuse_mark(): the slot goes back to its page's list,
+// and takes in the class's fullest reuse run if one waits (blocks of another heap's page that
+// this thread freed, heap/reuse.hpp): the blocks the thread touched last, rather than its
+// page's. The mark stays while the slot holds the run, so that its running dry comes back
+// here. A run within which a sample point falls goes home instead. nullptr: no run taken, or
+// a corrupted link in the slot (left for check_slot to report).
+TRAY_NOINLINE void* reuse_refill(Heap* heap, unsigned c, size_t size) {
+  AllocSlot& slot = heap->slots[c];
+  SlotBook& book = heap->books[c];
+  TRAY_ASSERT(slot.head == list_end());  // check_slot saw to that
+  book.sample_rest = nullptr;
+  slot.limit = slot.page->limit;
+  slot.unkey = slot.page->link_unkey;
+  // A class without a page: its queue ran empty since the runs were started (their blocks go
+  // home), and a slot whose page is the shared empty one never holds a list.
+  if (TRAY_UNLIKELY(slot.page == &g_empty_page)) {
+    for (ReuseRun& run : heap->reuse[c])
+      if (run.count != 0) reuse_spill(heap, run);
+    return nullptr;
+  }
+  for (;;) {
+    ReuseRun run = reuse_pick(heap, c);
+    if (run.count == 0) return nullptr;
+    Page* page = run.page;
+    const int64_t bytes = int64_t(run.count) * page->block_bytes;
+    if (TRAY_UNLIKELY(book.countdown < bytes)) {
+      heap->reuse_bytes += size_t(bytes);  // reuse_pick took them off; the spill does again
+      reuse_spill(heap, run);
+      continue;
+    }
+    book.countdown -= bytes;
+    slot_count_load(heap, c, run.count, size);
+    counter_add(heap->counters.reused_blocks, run.count);
+    slot.head = run.head;
+    slot.limit = page->limit;
+    slot.unkey = page->link_unkey;
+    book.sample_rest = reuse_mark();
+    return heap_pop(heap, c * kSlotIndexScale);
   }
 }
 
@@ -191,7 +237,10 @@ TRAY_INLINE void check_slot(Heap* heap, unsigned c) {
 TRAY_INLINE void* refill_loop(Heap* heap, unsigned c, size_t size) {
   for (;;) {
     check_slot(heap, c);
-    if (heap->books[c].sample_rest != nullptr) return sample_point(heap, c, size);
+    if (Block* rest = heap->books[c].sample_rest; rest != nullptr) {
+      if (rest != reuse_mark()) return sample_point(heap, c, size);
+      if (void* p = reuse_refill(heap, c, size); p != nullptr) return p;
+    }
     if (heap->remote_free.load(std::memory_order_relaxed) != nullptr) remote_drain(heap);
     Page* page = find_page(heap, c);
     if (page == nullptr) {

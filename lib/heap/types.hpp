@@ -66,7 +66,10 @@ struct alignas(32) SlotBook {
   // while no sampler is on, which no program allocates.
   int64_t countdown = INT64_MAX;
   // The blocks of the slot's list past a sample point: the first of them goes to the
-  // allocation the samplers pick, when the slot runs dry; nullptr when none is pending.
+  // allocation the samplers pick, when the slot runs dry; nullptr when none is pending; or
+  // reuse_mark() when none is but the slot must take the slow path when it runs dry all the
+  // same: a reuse run of the class waits, or the slot holds one (heap/reuse.hpp). The quick
+  // refill (heap_malloc_miss) tests this field already, so that costs it nothing.
   Block* sample_rest = nullptr;
   uint32_t sample_rest_blocks = 0;
   // The blocks the slot took in last (those it holds, those past a sample point, those handed
@@ -77,6 +80,12 @@ struct alignas(32) SlotBook {
   uint32_t request_bytes = 0;
 };
 static_assert(sizeof(SlotBook) == sizeof(AllocSlot));
+// SlotBook::sample_rest's mark: no block lies at address 1.
+TRAY_INLINE Block* reuse_mark() { return reinterpret_cast<Block*>(uintptr_t{1}); }
+// Whether blocks past a sample point wait (not nullptr, nor the mark).
+TRAY_INLINE bool has_sample_rest(const SlotBook& book) {
+  return reinterpret_cast<uintptr_t>(book.sample_rest) > 1;
+}
 
 namespace detail {
 constexpr auto make_slot_of_coarse() {
@@ -134,6 +143,17 @@ inline uint8_t remote_bucket_of(const Heap* owner) {
   const uint64_t key = (reinterpret_cast<uintptr_t>(owner) >> 6) * 0x9E3779B97F4A7C15ULL;
   return uint8_t(key >> (64 - kRemoteBucketShift));
 }
+
+// Blocks of one page of another heap that this heap's thread freed, kept for its own next
+// allocations of the class instead of being sent home (heap/reuse.hpp): the slot takes them
+// in as it takes its page's list (refill.cpp), with that page's limit and key. A list of one
+// page's blocks, linked with its key and ending at list_end(). Owner thread only.
+struct ReuseRun {
+  Page* page = nullptr;
+  Block* head = nullptr;
+  uint32_t count = 0;     // 0: none (page and head mean nothing)
+  uint32_t limit = 0;     // the most it may hold: kReuseRunBytes of the page's blocks
+};
 
 struct Heap {
   explicit constexpr Heap(Page* empty_page) {
@@ -206,6 +226,22 @@ struct Heap {
   // Blocks this heap's thread freed into other heaps, gathered per owner so that frees to
   // several owners, interleaved, still cost one compare-and-swap per batch (see RemoteBucket).
   RemoteBucket outgoing[kRemoteBuckets];
+  // Per class, blocks of other heaps' pages freed by this heap's thread, for its own next
+  // allocations: a run per page, kReuseWays of them, chosen by the page (heap/reuse.hpp).
+  ReuseRun reuse[kSizeClassCount][kReuseWays];
+  // Whether the thread keeps what it frees of others' blocks at all: decided every
+  // kReuseEpochFrees frees of others' blocks from what the counters saw (heap/reuse.cpp,
+  // reuse_look); the counters then (`reuse_mark_*`), and when the next look is due.
+  bool reuse_on = false;
+  // Frees of others' blocks until one takes the slow path that keeps blocks or looks: 1 while
+  // keeping is on, else what is left of the span (heap/reuse.cpp, reuse_free).
+  uint32_t reuse_left = 1;
+  size_t reuse_bytes = 0;  // what the runs hold, at most kReuseHeapBytes
+  uint8_t reuse_epochs = 0;  // looks since reuse went on, or off
+  uint64_t reuse_next_look = kReuseEpochFrees;
+  uint64_t reuse_mark_frees = 0;
+  uint64_t reuse_mark_remote = 0;
+  uint64_t reuse_mark_allocations = 0;
   HeapCounters counters;
   SampleState sampling;
   // Blocks of this heap's pages freed by other threads: a lock-free stack that the owner

@@ -168,6 +168,10 @@ constexpr Family kLargeAndThreadFamilies[] = {
     {"traymalloc_remote_frees_total", Type::kCounter,
      "Frees of a block that another thread's heap owns.",
      [](Stats s) -> uint64_t { return s.remote_frees; }},
+    {"traymalloc_reused_blocks_total", Type::kCounter,
+     "Blocks of another thread's heap allocated again by the thread that freed them.",
+     [](Stats s) -> uint64_t { return s.reused_blocks; }},
+
     {"traymalloc_foreign_frees_total", Type::kCounter,
      "Frees of pointers the allocator does not own (left alone).",
      [](Stats s) -> uint64_t { return s.foreign_frees; }},

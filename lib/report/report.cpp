@@ -80,6 +80,7 @@ void collect_classes(tray_stats* out) {
     entry.requested_bytes = own.requested_bytes[c];
   }
   uint64_t remote_frees = load(g_totals.unowned_remote_frees);
+  uint64_t reused_blocks = 0;
   for (const Heap* heap = heap_list(); heap != nullptr; heap = heap->next_created) {
     const HeapCounters& counters = heap->counters;
     for (unsigned c = 0; c < kSizeClassCount; ++c) {
@@ -88,8 +89,10 @@ void collect_classes(tray_stats* out) {
       out->classes[c].requested_bytes += counter_read(counters.requested_bytes[c]);
     }
     remote_frees += counter_read(counters.remote_frees);
+    reused_blocks += counter_read(counters.reused_blocks);
   }
   out->remote_frees = remote_frees;
+  out->reused_blocks = reused_blocks;
   for (unsigned c = 0; c < kSizeClassCount; ++c) {
     tray_class_stats& entry = out->classes[c];
     ClassTotals& totals = g_totals.classes[c];
@@ -302,8 +305,8 @@ using namespace tray;
 
 extern "C" {
 
-// Callers of older versions have the struct without the fields added since: 2 ends before
-// the memory limit's, 1 before unit_map_bytes. 3 has the layout of 4.
+// Callers of older versions have the struct without the fields added since: 4 and 3 end
+// before reused_blocks, 2 before the memory limit's, 1 before unit_map_bytes.
 TRAY_EXPORT int tray_stats_get(tray_stats* out) {
   if (out == nullptr || out->version == 0 || out->version > TRAY_STATS_VERSION) return EINVAL;
   if (out->version == TRAY_STATS_VERSION) {
@@ -315,7 +318,7 @@ TRAY_EXPORT int tray_stats_get(tray_stats* out) {
   all.version = out->version;
   const size_t bytes = out->version == 1   ? offsetof(tray_stats, unit_map_bytes)
                        : out->version == 2 ? offsetof(tray_stats, memory_limit_bytes)
-                                           : sizeof(tray_stats);
+                                           : offsetof(tray_stats, reused_blocks);
   __builtin_memcpy(out, &all, bytes);
   return 0;
 }

@@ -204,6 +204,7 @@ void stats_print_text(const tray_stats& s, int pid, const char* reason, StatsSin
   out.str(" (whole process)\n");
   out.str("  threads: alive ").dec(s.threads_alive).str(", exited ").dec(s.threads_exited);
   out.str(", heaps ").dec(s.heaps_created).str("; remote frees ").dec(s.remote_frees);
+  out.str(" (").dec(s.reused_blocks).str(" blocks reused by the thread that freed them)");
   out.str(", foreign frees ").dec(s.foreign_frees).str(", debug errors ").dec(s.debug_errors).chr('\n');
   output.piece_done();
   text_program_heaps(output);
@@ -256,6 +257,7 @@ void stats_print_json(const tray_stats& s, int pid, const char* reason, StatsSin
   process.field("unit_map_bytes", s.unit_map_bytes);
   process.field("threads_alive", s.threads_alive).field("threads_exited", s.threads_exited);
   process.field("heaps_created", s.heaps_created).field("remote_frees", s.remote_frees);
+  process.field("reused_blocks", s.reused_blocks);
   process.field("foreign_frees", s.foreign_frees).field("debug_errors", s.debug_errors);
   process.close();
   output.piece_done();

@@ -31,6 +31,9 @@ struct HeapCounters {
   // every block of the list (exact where every request of a class has one size).
   uint64_t requested_bytes[kSizeClassCount] = {};
   uint64_t remote_frees = 0;             // frees of blocks that live in another heap
+  // Blocks of other heaps' pages that this heap's thread freed and then allocated itself
+  // (heap/remote.cpp, reuse runs): counted when its slot takes them in.
+  uint64_t reused_blocks = 0;
 };
 
 // A heap's own counter. Other threads read these while it runs (dumps, peak sampling), which

@@ -1,6 +1,8 @@
 // libFuzzer harness: the input is a sequence of operations on the prefixed API (malloc,
 // calloc, realloc, reallocarray, the aligned forms, free, sized frees, usable size, trim,
-// hand-offs to a second thread, and injected mmap/mremap/madvise failures), each checked
+// hand-offs to a second thread, batches handed over and back (which the second thread may keep
+// for itself: lib/heap/reuse.hpp), the second thread ending and a new one taking over, and
+// injected mmap/mremap/madvise failures), each checked
 // against a shadow model of the live blocks: contents kept, alignment, usable size at least
 // what was asked, calloc's zeros, errno on every failure. A mismatch aborts with a message.
 //
@@ -15,7 +17,9 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <vector>
 
+#include "keep_foreign.hpp"
 #include "platform/os.hpp"
 #include "traymalloc.h"
 
@@ -158,29 +162,58 @@ void install(size_t i, void* p, int error, size_t size, size_t alignment, bool z
   stamp(s);
 }
 
+// A block of a batch handed over: every byte is its address's low byte plus its offset.
+void stamp_batch_block(unsigned char* p, size_t size) {
+  for (size_t o = 0; o < size; ++o) p[o] = static_cast<unsigned char>(reinterpret_cast<uintptr_t>(p) + o);
+}
+void free_batch_block(unsigned char* p, size_t size) {
+  for (size_t o = 0; o < size; ++o)
+    if (p[o] != static_cast<unsigned char>(reinterpret_cast<uintptr_t>(p) + o)) mismatch("batch block changed", size, o);
+  tray_free(p);
+}
+
 // --- the second thread: takes blocks it is handed and gives back its own ----------------
 struct Helper {
   std::mutex mutex;
   std::condition_variable cv;
-  enum Job { kNone, kAllocate, kFree, kRealloc } job = kNone;
+  // kKeep: keeping others' blocks on (size 1) or off; kBatch: frees the blocks of `batch`
+  // and fills it with as many new ones of `size` bytes; kExit: the thread ends.
+  enum Job { kNone, kAllocate, kFree, kRealloc, kKeep, kBatch, kExit } job = kNone;
   void* p = nullptr;
   size_t size = 0;
+  std::vector<unsigned char*>* batch = nullptr;
   void* result = nullptr;
   int error = 0;
   bool done = false;
+  std::thread thread;
 
   void run() {
     std::unique_lock<std::mutex> lock(mutex);
     for (;;) {
       cv.wait(lock, [&] { return job != kNone; });
       errno = 0;
-      if (job == kAllocate) result = tray_malloc(size);
-      else if (job == kRealloc) result = tray_realloc(p, size);
-      else tray_free(p);
+      const Job now = job;
+      if (now == kAllocate) {
+        result = tray_malloc(size);
+      } else if (now == kRealloc) {
+        result = tray_realloc(p, size);
+      } else if (now == kKeep) {
+        tray_test::keep_foreign_blocks(size != 0);
+      } else if (now == kBatch) {
+        for (unsigned char*& block : *batch) {
+          free_batch_block(block, size);
+          block = static_cast<unsigned char*>(tray_malloc(size));
+          if (block == nullptr) mismatch("batch allocation failed", size, 0);
+          stamp_batch_block(block, size);
+        }
+      } else if (now == kFree) {
+        tray_free(p);
+      }
       error = errno;
       job = kNone;
       done = true;
       cv.notify_all();
+      if (now == kExit) return;
     }
   }
 
@@ -198,10 +231,34 @@ struct Helper {
 Helper& helper() {
   static Helper* h = [] {
     auto* created = new Helper;
-    std::thread(&Helper::run, created).detach();
+    created->thread = std::thread(&Helper::run, created);
     return created;
   }();
   return *h;
+}
+
+// The second thread ends (what it kept goes home with its heap's other blocks in transit), and
+// a new one starts.
+void restart_helper() {
+  Helper& h = helper();
+  h.call(Helper::kExit, nullptr, 0);
+  h.thread.join();
+  h.thread = std::thread(&Helper::run, &h);
+}
+
+// A batch of blocks of one size goes to the second thread, which frees them and hands back as
+// many of its own, which this thread frees: what the second thread keeps, it hands back.
+void hand_over_batch(size_t count, size_t size) {
+  std::vector<unsigned char*> batch;
+  for (size_t i = 0; i < count; ++i) {
+    auto* p = static_cast<unsigned char*>(tray_malloc(size));
+    if (p == nullptr) mismatch("batch allocation failed", size, 0);
+    stamp_batch_block(p, size);
+    batch.push_back(p);
+  }
+  helper().batch = &batch;
+  helper().call(Helper::kBatch, nullptr, size);
+  for (unsigned char* p : batch) free_batch_block(p, size);
 }
 
 void op_realloc(size_t i, size_t size, bool other_thread, bool array, size_t count) {
@@ -252,6 +309,12 @@ void run(Input& in) {
     const uint8_t op = in.byte();
     const size_t i = in.slot();
     const unsigned char seed = in.byte();
+    if (op >= 240) {  // hand-overs between the threads
+      if (op < 244) helper().call(Helper::kKeep, nullptr, op & 1);
+      else if (op < 246) restart_helper();
+      else hand_over_batch(1 + size_t(seed) * 8, 1 + (size_t(in.byte()) << 2));  // up to 2 K of up to 1 KiB
+      continue;
+    }
     switch (op % 18) {
       case 0: {
         const size_t size = in.size();

@@ -49,6 +49,7 @@ FAMILIES = {
     "traymalloc_threads_exited_total": "counter",
     "traymalloc_heaps": "gauge",
     "traymalloc_remote_frees_total": "counter",
+    "traymalloc_reused_blocks_total": "counter",
     "traymalloc_foreign_frees_total": "counter",
     "traymalloc_debug_errors_total": "counter",
     "traymalloc_os_calls_total": "counter",

@@ -265,7 +265,8 @@ class HoldTest(DumpChecks):
         self.assertEqual(summary["threads"],
                          f"alive {process['threads_alive']}, exited {process['threads_exited']},"
                          f" heaps {process['heaps_created']}; remote frees "
-                         f"{process['remote_frees']}, foreign frees {process['foreign_frees']},"
+                         f"{process['remote_frees']} ({process['reused_blocks']} blocks reused by the"
+                         f" thread that freed them), foreign frees {process['foreign_frees']},"
                          f" debug errors {process['debug_errors']}")
         huge = dump["huge_pages"]
         self.assertRegex(summary["huge pages"], rf"^thp={huge['thp']} \(kernel: {huge['kernel']}\), "

@@ -1,9 +1,12 @@
 // Stress test: many threads allocate, stamp, check and free blocks of every size class and
 // large blocks through every entry point of the prefixed API; a share of the blocks goes to
 // other threads through shared slots, and all the threads end and new ones start each round,
-// so blocks outlive the thread (and heap owner) that allocated them. Any corruption, a block
-// that is not aligned or not as usable as promised, or a calloc block that is not zero, stops
-// the program with a message and exit status 1.
+// so blocks outlive the thread (and heap owner) that allocated them. Half the threads keep
+// what they free of others' blocks for themselves from the start (lib/heap/reuse.hpp), while
+// threads end, one thread a round forks, and another hands out blocks of a program heap and
+// destroys it once they are back. Any corruption, a block that is not aligned or not as usable as
+// promised, or a calloc block that is not zero, stops the program with a message and exit
+// status 1.
 //
 //   tray_stress [--threads N] [--rounds N | --seconds N | --minutes N] [--ops N] [--seed N]
 //
@@ -13,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "keep_foreign.hpp"
 #include "traymalloc.h"
 
 namespace {
@@ -50,6 +56,13 @@ struct Record {
 std::atomic<Record*> g_transfer[kTransferSlots];
 std::atomic<uint64_t> g_operations{0};
 std::atomic<uint64_t> g_handoffs{0};
+std::atomic<uint64_t> g_forks{0};
+
+// Blocks of a round's program heap on their way to other threads, and how many are not freed.
+constexpr size_t kHeapSlots = 64;
+std::atomic<unsigned char*> g_heap_slots[kHeapSlots];
+std::atomic<uint64_t> g_heap_blocks_out{0};
+constexpr size_t kHeapBlockBytes = 200;
 
 [[noreturn]] void fail(const char* what, const Record* r, size_t offset) {
   fprintf(stderr, "tray_stress: %s: block %p size %zu alignment %zu tag %016llx offset %zu\n",
@@ -224,10 +237,82 @@ void resize_record(Rng& rng, Record* r) {
   stamp(r);
 }
 
-void worker(uint64_t seed, uint64_t ops) {
+// A block of the round's program heap: every byte is its address's low byte.
+void stamp_heap_block(unsigned char* p) {
+  for (size_t o = 0; o < kHeapBlockBytes; ++o) p[o] = static_cast<unsigned char>(reinterpret_cast<uintptr_t>(p) + o);
+}
+
+void free_heap_block(unsigned char* p) {
+  for (size_t o = 0; o < kHeapBlockBytes; ++o) {
+    if (p[o] != static_cast<unsigned char>(reinterpret_cast<uintptr_t>(p) + o)) {
+      const Record r{p, kHeapBlockBytes, 0, 0};
+      fail("program heap block overwritten", &r, o);
+    }
+  }
+  tray_free(p);
+  g_heap_blocks_out.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+// Any thread: frees a block of the program heap that waits in a slot, if there is one.
+void take_heap_block(Rng& rng) {
+  if (unsigned char* p = g_heap_slots[rng.below(kHeapSlots)].exchange(nullptr, std::memory_order_acq_rel))
+    free_heap_block(p);
+}
+
+// The round's heap thread: hands out blocks of a heap of its own now and then...
+void hand_out_heap_block(Rng& rng, tray_heap_t* heap) {
+  auto* p = static_cast<unsigned char*>(tray_heap_malloc(heap, kHeapBlockBytes));
+  if (p == nullptr) {
+    fprintf(stderr, "tray_stress: program heap allocation failed\n");
+    abort();
+  }
+  stamp_heap_block(p);
+  g_heap_blocks_out.fetch_add(1, std::memory_order_acq_rel);
+  if (unsigned char* old = g_heap_slots[rng.below(kHeapSlots)].exchange(p, std::memory_order_acq_rel))
+    free_heap_block(old);
+}
+
+// ...and destroys the heap once every block it handed out is freed, while the other threads go
+// on with their hand-overs.
+void destroy_heap_when_back(tray_heap_t* heap) {
+  for (auto& slot : g_heap_slots)
+    if (unsigned char* p = slot.exchange(nullptr, std::memory_order_acq_rel)) free_heap_block(p);
+  while (g_heap_blocks_out.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  tray_heap_destroy(heap);
+}
+
+// The round's forking thread: a child checks and frees the blocks it holds, allocates and
+// frees more, and ends; the parent goes on once it has.
+void fork_and_check(Rng& rng, Record** local) {
+  const pid_t child = fork();
+  if (child < 0) return;  // no process to spare: nothing to check
+  if (child == 0) {
+    for (size_t i = 0; i < kLocalSlots; ++i)
+      if (local[i] != nullptr) free_record(rng, local[i]);
+    for (int i = 0; i < 200; ++i) free_record(rng, new_record(rng));
+    tray_trim();
+    _exit(0);
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "tray_stress: a forked child failed (status %d)\n", status);
+    abort();
+  }
+  g_forks.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Roles: the first thread of a round forks once, the second owns a program heap, every odd one
+// keeps others' blocks from its first free on.
+void worker(uint64_t seed, uint64_t ops, unsigned index) {
   Rng rng{seed};
   Record* local[kLocalSlots] = {};
+  if (index % 2 == 1) tray_test::keep_foreign_blocks(true);
+  tray_heap_t* heap = index == 1 ? tray_heap_new() : nullptr;
+  const uint64_t fork_at = index == 0 ? rng.below(ops) : UINT64_MAX;
   for (uint64_t i = 0; i < ops; ++i) {
+    if (i == fork_at) fork_and_check(rng, local);
+    if (heap != nullptr && rng.chance(10)) hand_out_heap_block(rng, heap);
+    else if (rng.chance(3)) take_heap_block(rng);
     Record*& slot = local[rng.below(kLocalSlots)];
     const unsigned what = unsigned(rng.below(100));
     if (slot == nullptr) {
@@ -260,6 +345,7 @@ void worker(uint64_t seed, uint64_t ops) {
     }
     free_record(rng, slot);
   }
+  if (heap != nullptr) destroy_heap_when_back(heap);
   g_operations.fetch_add(ops, std::memory_order_relaxed);
 }
 
@@ -309,17 +395,22 @@ int main(int argc, char** argv) {
   while (options.seconds != 0 ? elapsed_s() < options.seconds : round < options.rounds) {
     std::vector<std::thread> threads;
     for (unsigned t = 0; t < options.threads; ++t)
-      threads.emplace_back(worker, options.seed * 1000003 + round * 65537 + t, options.ops);
+      threads.emplace_back(worker, options.seed * 1000003 + round * 65537 + t, options.ops, t);
     for (auto& thread : threads) thread.join();
     ++round;
   }
   Rng rng{options.seed};
   for (auto& slot : g_transfer)
     if (Record* r = slot.exchange(nullptr)) free_record(rng, r);
-  printf("tray_stress: %llu rounds of %u threads, %llu operations, %llu hand-offs, %llu s\n",
+  tray_stats stats{};
+  stats.version = TRAY_STATS_VERSION;
+  tray_stats_get(&stats);
+  printf("tray_stress: %llu rounds of %u threads, %llu operations, %llu hand-offs, %llu forks, "
+         "%llu blocks reused by their freeing thread, %llu s\n",
          static_cast<unsigned long long>(round), options.threads,
          static_cast<unsigned long long>(g_operations.load()),
          static_cast<unsigned long long>(g_handoffs.load()),
+         static_cast<unsigned long long>(g_forks.load()), stats.reused_blocks,
          static_cast<unsigned long long>(elapsed_s()));
   return 0;
 }

@@ -9,7 +9,7 @@ use std::os::raw::{c_char, c_int, c_uint, c_ulonglong, c_void};
 /// Largest alignment the aligned functions accept (`TRAY_MAX_ALIGNMENT`).
 pub const TRAY_MAX_ALIGNMENT: usize = 1 << 29;
 /// The newest `tray_stats` layout these declarations describe.
-pub const TRAY_STATS_VERSION: c_uint = 4;
+pub const TRAY_STATS_VERSION: c_uint = 5;
 pub const TRAY_STATS_MAX_CLASSES: usize = 64;
 pub const TRAY_STATS_TEXT: c_uint = 0;
 pub const TRAY_STATS_JSON: c_uint = 1;
@@ -84,6 +84,8 @@ pub struct tray_stats {
     pub memory_limit_reached: c_ulonglong,
     pub memory_limit_failures: c_ulonglong,
     pub memory_limit_released_bytes: c_ulonglong,
+    /// Since version 5.
+    pub reused_blocks: c_ulonglong,
 }
 
 pub type tray_write_fn = Option<unsafe extern "C" fn(*mut c_void, *const c_char, usize)>;

@@ -49,6 +49,9 @@ pub struct Stats {
     pub unit_map_bytes: Option<u64>,
     /// The memory limit (version 3 and later).
     pub memory_limit: Option<MemoryLimitStats>,
+    /// Of the remote frees, blocks the freeing thread kept and allocated again itself
+    /// (version 5 and later).
+    pub reused_blocks: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,7 +121,7 @@ impl Stats {
 /// older versions are tried in turn, as the header's version protocol lays out.
 ///
 /// # Panics
-/// If the library knows none of the versions 1 to 4, which no traymalloc does.
+/// If the library knows none of the versions 1 to 5, which no traymalloc does.
 pub fn stats() -> Stats {
     let mut raw = MaybeUninit::<ffi::tray_stats>::zeroed();
     for version in (1..=ffi::TRAY_STATS_VERSION).rev() {
@@ -195,6 +198,11 @@ fn from_raw(raw: &ffi::tray_stats, version: u32) -> Stats {
                 failures: raw.memory_limit_failures,
                 released_bytes: raw.memory_limit_released_bytes,
             })
+        } else {
+            None
+        },
+        reused_blocks: if version >= 5 {
+            Some(raw.reused_blocks)
         } else {
             None
         },
@@ -280,17 +288,18 @@ mod tests {
 
     #[test]
     fn the_struct_has_the_headers_layout() {
-        // sizeof and offsetof of include/traymalloc.h's tray_stats (versions 3 and 4) on LP64.
+        // sizeof and offsetof of include/traymalloc.h's tray_stats (version 5) on LP64.
         let raw = MaybeUninit::<ffi::tray_stats>::uninit();
         let base = raw.as_ptr() as usize;
         let offset = |field: *const u64| field as usize - base;
         let p = raw.as_ptr();
         unsafe {
-            assert_eq!(size_of::<ffi::tray_stats>(), 5384);
+            assert_eq!(size_of::<ffi::tray_stats>(), 5392);
             assert_eq!(offset(ptr::addr_of!((*p).large.allocations)), 5128);
             assert_eq!(offset(ptr::addr_of!((*p).mapped_bytes)), 5192);
             assert_eq!(offset(ptr::addr_of!((*p).unit_map_bytes)), 5328);
             assert_eq!(offset(ptr::addr_of!((*p).memory_limit_bytes)), 5336);
+            assert_eq!(offset(ptr::addr_of!((*p).reused_blocks)), 5384);
         }
     }
 
@@ -304,7 +313,7 @@ mod tests {
             .windows(2)
             .all(|w| w[0].block_bytes < w[1].block_bytes));
         assert_eq!(s.classes[0].block_bytes, 16);
-        assert!(s.unit_map_bytes.is_some() && s.memory_limit.is_some());
+        assert!(s.unit_map_bytes.is_some() && s.memory_limit.is_some() && s.reused_blocks.is_some());
         assert_eq!(
             s.class_for_size(17).map(|c| c.block_bytes >= 17),
             Some(true)
