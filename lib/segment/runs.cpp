@@ -7,9 +7,21 @@
 
 namespace tray {
 
-int find_run(uint64_t bits, unsigned count) {
+// The starts of `count` consecutive set bits: each step doubles the length the set bits
+// stand for (at most `count` - 1 more), so a run of 56 units takes 6 steps, not 55: a big
+// page's search looks at every segment with free units, under the pool lock.
+uint64_t run_starts(uint64_t bits, unsigned count) {
   uint64_t starts = bits;
-  for (unsigned i = 1; i < count && starts != 0; ++i) starts &= bits >> i;
+  for (unsigned have = 1; have < count && starts != 0;) {
+    const unsigned step = have < count - have ? have : count - have;
+    starts &= starts >> step;
+    have += step;
+  }
+  return starts;
+}
+
+int find_run(uint64_t bits, unsigned count) {
+  const uint64_t starts = run_starts(bits, count);
   return starts == 0 ? -1 : std::countr_zero(starts);
 }
 
@@ -28,17 +40,17 @@ namespace {
 bool find_big_units(Segment* partial, unsigned units, Segment** found, int* first, bool* clean) {
   int best_dirty = -1;
   for (Segment* s = partial; s != nullptr; s = s->next) {
-    uint64_t starts = s->free_units;
-    for (unsigned i = 1; i < units && starts != 0; ++i) starts &= s->free_units >> i;
-    for (; starts != 0; starts &= starts - 1) {
+    for (uint64_t starts = run_starts(s->free_units, units); starts != 0; starts &= starts - 1) {
       const auto start = unsigned(std::countr_zero(starts));
       const int dirty = popcount64(s->dirty_units & run_mask(start, units));
       if (dirty > best_dirty) {
         best_dirty = dirty;
         *found = s;
         *first = int(start);
+        if (dirty == int(units)) break;  // none can hold more
       }
     }
+    if (best_dirty == int(units)) break;
   }
   *clean = best_dirty == 0;
   return best_dirty >= 0;

@@ -14,6 +14,8 @@ inline constexpr uint64_t kUsableUnits = ~uint64_t{1};  // unit 0 holds the head
 inline uint64_t run_mask(unsigned first, unsigned count) {
   return (count == 64 ? ~uint64_t{0} : ((uint64_t{1} << count) - 1)) << first;
 }
+// Every bit of `bits` that starts `count` consecutive set bits (count >= 1).
+uint64_t run_starts(uint64_t bits, unsigned count);
 // Lowest start of `count` consecutive set bits in `bits`, or -1.
 int find_run(uint64_t bits, unsigned count);
 // The first run of `units` free units of an empty segment, dirty ones first.
