@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -87,12 +88,24 @@ TEST(BigClass, AFreeMakesNoSystemCall) {
     }
   };
   replace(live.size());
-  const tray_stats before = tray_test::stats_now();
-  replace(tray_test::scaled(20000));
-  const tray_stats after = tray_test::stats_now();
-  EXPECT_EQ(os_calls(after), os_calls(before))
-      << "mmap " << after.os_mmap - before.os_mmap << ", munmap " << after.os_munmap - before.os_munmap
-      << ", madvise " << after.os_madvise - before.os_madvise;
+  // A heap whose thread did not reach a slow path for the purge delay (200 ms) gives its free
+  // blocks' tails back at the next one, as it should: a machine busy enough to hold the test
+  // off its core that long (a sanitizer build beside other tests) sees one such madvise. So
+  // each attempt counts; one without a call passes, and a free that makes calls fails them all.
+  std::string calls;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const tray_stats before = tray_test::stats_now();
+    replace(tray_test::scaled(20000));
+    const tray_stats after = tray_test::stats_now();
+    if (os_calls(after) == os_calls(before)) {
+      calls.clear();
+      break;
+    }
+    calls += "mmap " + std::to_string(after.os_mmap - before.os_mmap) + ", munmap " +
+             std::to_string(after.os_munmap - before.os_munmap) + ", madvise " +
+             std::to_string(after.os_madvise - before.os_madvise) + "; ";
+  }
+  EXPECT_TRUE(calls.empty()) << "every attempt made system calls: " << calls;
   for (const Block& b : live) EXPECT_TRUE(tray_test::free_checked(b));
 }
 
