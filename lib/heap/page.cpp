@@ -22,7 +22,7 @@ Page* page_acquire(Heap* heap, unsigned size_class) {
   if (page == nullptr) return nullptr;
   page->free = list_end();
   page->used = 0;
-  page->floating = false;
+  __atomic_store_n(&page->floating, false, __ATOMIC_RELAXED);  // takers read it atomically
   page->retained = false;
   page->warm = false;
   page->came_home = false;

@@ -108,7 +108,7 @@ void empty_part(Heap* part, bool keep, uint64_t* freed) {
     page->used = 0;
     page->accounted = 0;
     page->retained = false;
-    page->floating = false;
+    __atomic_store_n(&page->floating, false, __ATOMIC_RELAXED);  // takers read it atomically
     if (page == heads[page->size_class]) continue;  // back at the head below
     const size_t bytes = size_t(page->unit_count) * kUnitBytes;
     if (keep && kept + bytes <= kHeapRetainedBytes) {
@@ -158,7 +158,7 @@ void empty_checked_part(Heap* part, RetireBlock retire, uint64_t* freed) {
     part->full_pages = page->next;
     if (page->next != nullptr) page->next->prev = nullptr;
     page->next = page->prev = nullptr;
-    page->floating = false;
+    __atomic_store_n(&page->floating, false, __ATOMIC_RELAXED);  // takers read it atomically
     page->used = page->capacity;  // every carved block is out
     queue_push_back(part, page);
   }

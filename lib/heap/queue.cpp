@@ -282,7 +282,9 @@ void page_unfloat(Heap* heap, Page* page) {
     if (page->next != nullptr) page->next->prev = page->prev;
     page->next = page->prev = nullptr;
   }
-  page->floating = false;
+  // Relaxed, atomic: a taker looking at this heap's stack may read `floating` now
+  // (page_all_in_hand); it cannot hold every block, this free's is not in its hand.
+  __atomic_store_n(&page->floating, false, __ATOMIC_RELAXED);
   // Every block it carved was out (a big class's page may float before it is carved whole,
   // when the memory limit refused its next block: page_extend).
   page->used = page->capacity - 1;

@@ -356,7 +356,7 @@ Block* reclaim_pages(Heap* owner, ReclaimTable& pages) {
   for (ReclaimTable::Chain& chain : pages) {
     if (chain.page == nullptr || chain.first != nullptr) continue;
     auto* page = const_cast<Page*>(chain.page);
-    page->floating = false;
+    __atomic_store_n(&page->floating, false, __ATOMIC_RELAXED);  // takers read it atomically
     page->used = 0;
     page->free = list_end();
     page_release(page);
