@@ -2,7 +2,7 @@
 # step replacing a random one, with lengths in five bands (1..40, 100..900, 16..64, 1000..9000
 # and 1..20000 B), three times, 150,000 steps per band. Python serves objects up to 512 B from
 # its own arenas, so what reaches malloc swings from about 600 MB in use to a few MB and back
-# every few seconds while the program stays busy (docs/DESIGN.md, "A program whose pages swing
+# every few seconds while the program stays busy (docs/MEMORY.md, "A program whose pages swing
 # while it stays busy"; bench/workloads/swing is the same shape in C++).
 #
 #   /usr/bin/time -f '%e s %U user %S sys %R faults %M KB' \

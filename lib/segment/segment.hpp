@@ -126,7 +126,7 @@ TRAY_INLINE uint32_t*& page_debug_states(const Page* page) {
   return segment->debug_states[page - segment->pages];
 }
 
-// Transparent huge pages (the thp option, docs/DESIGN.md): the kernel backs a 2 MiB-aligned
+// Transparent huge pages (the thp option, docs/MEMORY.md): the kernel backs a 2 MiB-aligned
 // 2 MiB of a region that asks for it with one huge page. Segments and span chunks are mapped
 // 4 MiB-aligned (os::map_aligned), so each holds two whole huge pages; unit 0, the header,
 // lies in the first.

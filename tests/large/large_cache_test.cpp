@@ -92,7 +92,7 @@ TEST(LargeCache, BurstFreedTogetherStaysCachedThenGoesBack) {
     ASSERT_NE(p, nullptr);
   }
   // This thread allocates only large blocks, so it holds no heap, and the purger ends after a
-  // second with nothing to do; a free cannot start it (DESIGN.md, "When the program goes
+  // second with nothing to do; a free cannot start it (MEMORY.md, "When the program goes
   // quiet"). Under TSan the blocks above take about that long, so it could end between the
   // last malloc and the frees, and the burst would wait for the next allocation. A block freed
   // first gives the purger work that outlasts the frees.
