@@ -9,6 +9,7 @@
 // status 1.
 //
 //   tray_stress [--threads N] [--rounds N | --seconds N | --minutes N] [--ops N] [--seed N]
+//               [--forks 0|1]
 //
 // Defaults: 4 threads per core, 10 rounds of 20000 operations per thread. With a time limit,
 // rounds go on until it has passed.
@@ -42,6 +43,7 @@ struct Options {
   uint64_t seconds = 0;
   uint64_t ops = 20000;
   uint64_t seed = 1;
+  bool forks = true;  // one thread a round forks (--forks 0: none, for qemu-user)
 };
 
 // What the checker knows of a live block. Records are allocated by the allocator under test
@@ -303,12 +305,12 @@ void fork_and_check(Rng& rng, Record** local) {
 
 // Roles: the first thread of a round forks once, the second owns a program heap, every odd one
 // keeps others' blocks from its first free on.
-void worker(uint64_t seed, uint64_t ops, unsigned index) {
+void worker(uint64_t seed, uint64_t ops, unsigned index, bool forks) {
   Rng rng{seed};
   Record* local[kLocalSlots] = {};
   if (index % 2 == 1) tray_test::keep_foreign_blocks(true);
   tray_heap_t* heap = index == 1 ? tray_heap_new() : nullptr;
-  const uint64_t fork_at = index == 0 ? rng.below(ops) : UINT64_MAX;
+  const uint64_t fork_at = index == 0 && forks ? rng.below(ops) : UINT64_MAX;
   for (uint64_t i = 0; i < ops; ++i) {
     if (i == fork_at) fork_and_check(rng, local);
     if (heap != nullptr && rng.chance(10)) hand_out_heap_block(rng, heap);
@@ -370,6 +372,7 @@ bool parse(int argc, char** argv, Options* options) {
     else if (strcmp(name, "--minutes") == 0 && value > 0) options->seconds = value * 60;
     else if (strcmp(name, "--ops") == 0 && value > 0) options->ops = value;
     else if (strcmp(name, "--seed") == 0) options->seed = value;
+    else if (strcmp(name, "--forks") == 0 && value <= 1) options->forks = value == 1;
     else return false;
   }
   return true;
@@ -382,7 +385,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &options)) {
     fprintf(stderr,
             "usage: %s [--threads N] [--rounds N | --seconds N | --minutes N] [--ops N] "
-            "[--seed N]\n",
+            "[--seed N] [--forks 0|1]\n",
             argv[0]);
     return 2;
   }
@@ -395,7 +398,8 @@ int main(int argc, char** argv) {
   while (options.seconds != 0 ? elapsed_s() < options.seconds : round < options.rounds) {
     std::vector<std::thread> threads;
     for (unsigned t = 0; t < options.threads; ++t)
-      threads.emplace_back(worker, options.seed * 1000003 + round * 65537 + t, options.ops, t);
+      threads.emplace_back(worker, options.seed * 1000003 + round * 65537 + t, options.ops, t,
+                           options.forks);
     for (auto& thread : threads) thread.join();
     ++round;
   }
