@@ -70,16 +70,23 @@ fn reset_frees_every_block_and_the_heap_takes_more() {
         heap.reset();
     }
 
-    // Several threads fill the heap at once; the reset takes all their blocks.
+    // Several threads fill the heap at once; the reset takes all their blocks. Each is joined
+    // (the scope alone waits for the closures, not for the threads' exit, which is when their
+    // counts are settled).
     thread::scope(|scope| {
-        for _ in 0..4 {
-            let heap = &heap;
-            scope.spawn(move || {
-                for i in 0..BLOCKS / 4 {
-                    let value = heap.alloc_value([i as u8; SIZE]);
-                    assert_eq!(value[SIZE - 1], i as u8);
-                }
-            });
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let heap = &heap;
+                scope.spawn(move || {
+                    for i in 0..BLOCKS / 4 {
+                        let value = heap.alloc_value([i as u8; SIZE]);
+                        assert_eq!(value[SIZE - 1], i as u8);
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
         }
     });
     assert_eq!(live_blocks(SIZE) - before, BLOCKS as u64);
