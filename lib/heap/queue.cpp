@@ -2,7 +2,7 @@
 
 #include "heap/hardening.hpp"
 #include "heap/page.hpp"
-#include "heap/remote.hpp"
+#include "heap/reuse.hpp"
 #include "heap/sparse.hpp"
 #include "platform/platform.hpp"
 #include "stats/stats.hpp"
@@ -98,16 +98,7 @@ namespace {
 TRAY_NOINLINE void slot_return_reused(Heap* heap, unsigned c) {
   AllocSlot& slot = heap->slots[c];
   Page* page = slot_list_page(slot);
-  uint32_t blocks = 0;
-  // Another heap's page: its links are checked with what its owner never changes while blocks
-  // are out (is_free_block), not its carved count.
-  for (Block* block = slot.head; block != list_end(); ++blocks) {
-    if (!is_free_block(page, block) || blocks == page->reserved)
-      report_corrupted_list(page, block, nullptr);
-    Block* next = link_load(page, block);
-    remote_send(heap, page, block);
-    block = next;
-  }
+  const uint32_t blocks = reuse_send_home(heap, page, slot.head, page->reserved);
   if (blocks != 0) {
     int64_t& countdown = heap->books[c].countdown;
     const int64_t bytes = int64_t(blocks) * page->block_bytes;

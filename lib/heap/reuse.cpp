@@ -86,20 +86,26 @@ ReuseRun reuse_pick(Heap* self, unsigned c) noexcept {
   return taken;
 }
 
-void reuse_spill(Heap* self, ReuseRun& run) noexcept {
-  Page* page = run.page;
-  Block* block = run.head;
-  const uint32_t count = run.count;
-  run.count = 0;
-  self->reuse_bytes -= size_t(count) * page->block_bytes;
-  for (uint32_t i = 0; i < count; ++i) {
+uint32_t reuse_send_home(Heap* self, Page* page, Block* block, uint32_t most) noexcept {
+  uint32_t sent = 0;
+  for (const Block* holder = nullptr; block != list_end(); ++sent) {
+    // Checked like any link a slow path follows: a write after the free, or a list longer than
+    // it can be, ends the walk here. (Another heap's page: only what its owner never changes
+    // while blocks are out is read.)
+    if (sent == most || !is_free_block(page, block)) report_corrupted_list(page, block, holder);
     Block* next = link_load(page, block);
-    // Checked like any link a slow path follows: a write after the free ends the walk here.
-    // (Another heap's page: only what its owner never changes while blocks are out is read.)
-    if (i + 1 < count && !is_free_block(page, next)) report_corrupted_list(page, next, block);
     remote_send(self, page, block);
+    holder = block;
     block = next;
   }
+  return sent;
+}
+
+void reuse_spill(Heap* self, ReuseRun& run) noexcept {
+  const uint32_t count = run.count;
+  run.count = 0;
+  self->reuse_bytes -= size_t(count) * run.page->block_bytes;
+  reuse_send_home(self, run.page, run.head, count);
 }
 
 void reuse_spill_all(Heap* self) noexcept {

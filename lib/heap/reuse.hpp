@@ -78,6 +78,9 @@ TRAY_INLINE bool reuse_wanted(Heap* self) { return --self->reuse_left == 0; }
 void reuse_free(Heap* self, Page* page, Block* block) noexcept;
 // Takes the fullest run of class c out (count 0 if none), for the slot.
 ReuseRun reuse_pick(Heap* self, unsigned c) noexcept;
+// Sends home a list of `page`'s blocks that this thread kept (a run, or the slot's list taken
+// from one): at most `most`, each link checked; returns how many.
+uint32_t reuse_send_home(Heap* self, Page* page, Block* block, uint32_t most) noexcept;
 // Sends the blocks of a run home, then empties it.
 void reuse_spill(Heap* self, ReuseRun& run) noexcept;
 // Sends every run of self home (thread exit, trim).
